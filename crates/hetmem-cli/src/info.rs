@@ -1,0 +1,98 @@
+//! `hetmem info`.
+
+use hetmem::backend::host;
+
+/// Arguments of `hetmem info`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Backend: host or cuda (default: $HETMEM_BACKEND, else host).
+    #[arg(long)]
+    backend: Option<String>,
+}
+
+/// A byte count in the largest binary unit that keeps it readable.
+pub fn human(b: u64) -> String {
+    const UNITS: [(u64, &str); 4] = [
+        (1 << 40, "TiB"),
+        (1 << 30, "GiB"),
+        (1 << 20, "MiB"),
+        (1 << 10, "KiB"),
+    ];
+    for (u, name) in UNITS {
+        if b >= u {
+            return if b % u == 0 {
+                format!("{} {name}", b / u)
+            } else {
+                format!("{:.1} {name}", b as f64 / u as f64)
+            };
+        }
+    }
+    format!("{b} B")
+}
+
+pub fn run(args: Args) -> Result<(), String> {
+    let mut b = hetmem::RuntimeBuilder::from_env().map_err(|e| e.to_string())?;
+    if let Some(k) = &args.backend {
+        b = b.backend(hetmem::BackendKind::parse(k).map_err(|e| e.to_string())?);
+    }
+    let rt = b.build().map_err(|e| e.to_string())?;
+    let drv = rt.driver();
+    let ctx = drv.create_context().map_err(|e| e.to_string())?;
+    println!("backend:  {}", drv.backend_kind().name());
+    println!("driver:   {}", drv.describe());
+    println!("devices:  {}", drv.devices().len());
+    for d in drv.devices() {
+        let i = d.info();
+        let small = ctx.query_page_size(&d, 1).map_err(|e| e.to_string())?;
+        let large = ctx
+            .query_page_size(&d, 2 << 20)
+            .map_err(|e| e.to_string())?;
+        println!(
+            "  [{}] {}: capacity {}, largest single allocation {}, page sizes {} (< 2 MiB) / {} (>= 2 MiB), granularity {} B",
+            d.ordinal(),
+            i.name,
+            human(i.capacity),
+            human(i.max_alloc_size),
+            human(small as u64),
+            human(large as u64),
+            i.min_page_size
+        );
+    }
+    println!("configuration:");
+    println!(
+        "  HETMEM_BACKEND={}",
+        std::env::var("HETMEM_BACKEND").unwrap_or_else(|_| "(unset: host)".into())
+    );
+    if drv.backend_kind() == hetmem::BackendKind::Host {
+        let c = drv.host_config();
+        println!(
+            "  HETMEM_HOST_DEVICES={} (env: {})",
+            c.devices,
+            std::env::var("HETMEM_HOST_DEVICES").unwrap_or_else(|_| "unset, default 2".into())
+        );
+        println!(
+            "  HETMEM_HOST_DEVICE_MEMORY={} (env: {})",
+            c.device_memory,
+            std::env::var("HETMEM_HOST_DEVICE_MEMORY")
+                .unwrap_or_else(|_| "unset, default a quarter of RAM split between devices".into())
+        );
+        println!(
+            "  HETMEM_HOST_MAX_ALLOC={} (env: {})",
+            c.max_alloc_size,
+            std::env::var("HETMEM_HOST_MAX_ALLOC")
+                .unwrap_or_else(|_| "unset, default half a device".into())
+        );
+    }
+    println!("limits:");
+    println!("  host RAM: {}", human(host::total_ram()));
+    println!("  OS page size: {} B", host::os_page_size());
+    println!(
+        "  open files (RLIMIT_NOFILE, soft raised to hard): {}",
+        host::raise_fd_limit()
+    );
+    println!(
+        "  vm.max_map_count: {}",
+        host::max_map_count().map_or("unknown".into(), |v| v.to_string())
+    );
+    Ok(())
+}

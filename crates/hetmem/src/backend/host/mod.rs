@@ -1,0 +1,338 @@
+//! The host backend: virtual devices on any Linux machine, with real virtual memory.
+//!
+//! Each raw operation is one function over one or two syscalls (through `rustix`):
+//!
+//! | operation | syscalls |
+//! |---|---|
+//! | reserve | `mmap(PROT_NONE, MAP_PRIVATE \| MAP_ANONYMOUS \| MAP_NORESERVE [\| MAP_FIXED_NOREPLACE])`, `munmap` of the alignment slack |
+//! | release | `munmap(2)` |
+//! | create physical | `memfd_create(2)`, `ftruncate(2)`, `fcntl(F_ADD_SEALS)` |
+//! | destroy physical | `close(2)` |
+//! | map | `mmap(MAP_SHARED \| MAP_FIXED, memfd, offset)` |
+//! | unmap | `mmap(PROT_NONE, MAP_FIXED \| MAP_NORESERVE)` (the placeholder comes back) |
+//! | protect | `mprotect(2)` |
+//!
+//! A physical object is its own memfd, sealed against grow and shrink (and against further seal
+//! changes), so that nobody holding the fd can change its size under a mapping.
+
+use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
+
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::io::Errno;
+use rustix::mm::{MapFlags, MprotectFlags, ProtFlags};
+
+use super::{Backend, DeviceInfo, PhysicalLocation, Protection, RawPhysical};
+use crate::error::{Error, Result};
+
+/// Configuration of the host backend's virtual devices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostConfig {
+    /// Number of virtual devices (at least 1).
+    pub devices: u32,
+    /// Capacity of each device, in bytes.
+    pub device_memory: u64,
+    /// Largest single allocation on each device, in bytes (at most `device_memory`).
+    pub max_alloc_size: u64,
+}
+
+impl HostConfig {
+    /// Default: 2 devices sharing a quarter of the machine's RAM; the largest single allocation
+    /// is half a device's capacity.
+    pub fn default_for_machine() -> HostConfig {
+        let devices = 2;
+        let device_memory = round_down(total_ram() / 4 / devices as u64, 2 << 20).max(64 << 20);
+        HostConfig {
+            devices,
+            device_memory,
+            max_alloc_size: round_down(device_memory / 2, 2 << 20).max(2 << 20),
+        }
+    }
+}
+
+fn round_down(v: u64, to: u64) -> u64 {
+    v / to * to
+}
+
+/// Total RAM of the machine in bytes (`sysinfo(2)`).
+pub fn total_ram() -> u64 {
+    let info = rustix::system::sysinfo();
+    info.totalram as u64 * info.mem_unit.max(1) as u64
+}
+
+/// The OS page size in bytes.
+pub fn os_page_size() -> usize {
+    rustix::param::page_size()
+}
+
+/// Raises the soft limit of open files (`RLIMIT_NOFILE`) to the hard limit, so that many
+/// physical objects (one memfd each) can be live at once. Returns the limit now in force.
+pub fn raise_fd_limit() -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut lim = getrlimit(Resource::Nofile);
+    if lim.current != lim.maximum {
+        lim.current = lim.maximum;
+        let _ = setrlimit(Resource::Nofile, lim.clone());
+    }
+    getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
+}
+
+/// `vm.max_map_count`, the kernel's cap on mappings (VMAs) per process.
+pub fn max_map_count() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The host backend.
+#[derive(Debug)]
+pub struct HostBackend {
+    devices: Vec<DeviceInfo>,
+    config: HostConfig,
+}
+
+impl HostBackend {
+    /// Makes the backend with `config.devices` virtual devices and raises the fd limit.
+    pub fn new(config: HostConfig) -> Result<HostBackend> {
+        if config.devices == 0 {
+            return Err(Error::InvalidArgument(
+                "host backend needs at least 1 device, got 0".into(),
+            ));
+        }
+        raise_fd_limit();
+        let page = os_page_size();
+        let devices = (0..config.devices)
+            .map(|i| DeviceInfo {
+                name: format!("hetmem host device {i}"),
+                capacity: config.device_memory,
+                max_alloc_size: config.max_alloc_size.min(config.device_memory),
+                min_page_size: page,
+            })
+            .collect();
+        Ok(HostBackend { devices, config })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &HostConfig {
+        &self.config
+    }
+}
+
+/// Translates an errno from `what` into a hetmem error naming the limit that was hit.
+fn os_error(what: &str, e: Errno) -> Error {
+    match e {
+        Errno::NOMEM => Error::OutOfHostMemory(format!(
+            "{what} failed with ENOMEM: the address space, RAM, or the mapping limit \
+             vm.max_map_count ({}) is exhausted",
+            max_map_count().map_or("unknown".to_string(), |v| v.to_string())
+        )),
+        Errno::MFILE | Errno::NFILE => Error::OutOfHostMemory(format!(
+            "{what} failed with {}: the open-file limit RLIMIT_NOFILE ({}) is reached",
+            if e == Errno::MFILE {
+                "EMFILE"
+            } else {
+                "ENFILE"
+            },
+            rustix::process::getrlimit(rustix::process::Resource::Nofile)
+                .current
+                .map_or("unlimited".to_string(), |v| v.to_string())
+        )),
+        Errno::NOSPC => Error::OutOfHostMemory(format!("{what} failed with ENOSPC")),
+        other => Error::Unknown(format!("{what} failed: {other}")),
+    }
+}
+
+fn prot_flags(p: Protection) -> ProtFlags {
+    match p {
+        Protection::None => ProtFlags::empty(),
+        Protection::ReadWrite => ProtFlags::READ | ProtFlags::WRITE,
+        Protection::ReadOnly => ProtFlags::READ,
+    }
+}
+
+fn mprotect_flags(p: Protection) -> MprotectFlags {
+    match p {
+        Protection::None => MprotectFlags::empty(),
+        Protection::ReadWrite => MprotectFlags::READ | MprotectFlags::WRITE,
+        Protection::ReadOnly => MprotectFlags::READ,
+    }
+}
+
+const PLACEHOLDER: MapFlags = MapFlags::PRIVATE.union(MapFlags::NORESERVE);
+
+/// Reserves inaccessible address space: `mmap(PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS |
+/// MAP_NORESERVE)`, with `MAP_FIXED_NOREPLACE` at `hint` when given (never replaces a mapping),
+/// over-allocating by `align` and `munmap`-ing the slack to align the start.
+///
+/// # Safety
+/// Edits the process address space; never touches existing mappings.
+pub unsafe fn reserve_placeholder(hint: Option<usize>, size: usize, align: usize) -> Result<usize> {
+    if let Some(h) = hint {
+        if h % align == 0 {
+            // SAFETY: FIXED_NOREPLACE fails rather than replacing anything.
+            match unsafe {
+                rustix::mm::mmap_anonymous(
+                    h as *mut _,
+                    size,
+                    ProtFlags::empty(),
+                    PLACEHOLDER | MapFlags::FIXED_NOREPLACE,
+                )
+            } {
+                Ok(p) if p as usize == h => return Ok(h),
+                Ok(p) => {
+                    // A kernel without FIXED_NOREPLACE treats it as a hint; give it back.
+                    // SAFETY: p is the mapping we just made.
+                    unsafe { rustix::mm::munmap(p, size).ok() };
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    let total = size
+        .checked_add(align)
+        .ok_or_else(|| Error::UnsupportedSize(format!("size {size:#x} overflows")))?;
+    // SAFETY: a fresh anonymous mapping chosen by the kernel.
+    let p = unsafe {
+        rustix::mm::mmap_anonymous(std::ptr::null_mut(), total, ProtFlags::empty(), PLACEHOLDER)
+    }
+    .map_err(|e| os_error("mmap(PROT_NONE) for a reservation", e))? as usize;
+    let start = (p + align - 1) & !(align - 1);
+    let head = start - p;
+    let tail = total - head - size;
+    // SAFETY: the slack is part of the mapping we just made and nobody else knows of it.
+    unsafe {
+        if head > 0 {
+            rustix::mm::munmap(p as *mut _, head).ok();
+        }
+        if tail > 0 {
+            rustix::mm::munmap((start + size) as *mut _, tail).ok();
+        }
+    }
+    Ok(start)
+}
+
+/// Creates a sealed memfd of `size` bytes: `memfd_create(MFD_CLOEXEC | MFD_ALLOW_SEALING)`,
+/// `ftruncate`, `fcntl(F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL)`.
+pub fn sealed_memfd(size: usize) -> Result<OwnedFd> {
+    let fd = rustix::fs::memfd_create(
+        "hetmem-physical",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )
+    .map_err(|e| os_error("memfd_create", e))?;
+    rustix::fs::ftruncate(&fd, size as u64).map_err(|e| os_error("ftruncate(memfd)", e))?;
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL)
+        .map_err(|e| os_error("fcntl(F_ADD_SEALS)", e))?;
+    Ok(fd)
+}
+
+impl Backend for HostBackend {
+    fn name(&self) -> &'static str {
+        "host"
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "hetmem host backend (Linux {}; memfd physical memory, mmap/mprotect mappings; \
+             {} virtual devices)",
+            rustix::system::uname().release().to_string_lossy(),
+            self.devices.len()
+        )
+    }
+
+    fn devices(&self) -> &[DeviceInfo] {
+        &self.devices
+    }
+
+    unsafe fn reserve(&self, hint: Option<usize>, size: usize, align: usize) -> Result<usize> {
+        // SAFETY: forwarded contract.
+        unsafe { reserve_placeholder(hint, size, align) }
+    }
+
+    unsafe fn release(&self, addr: usize, size: usize) -> Result<()> {
+        // SAFETY: the caller guarantees this is exactly one of our reservations.
+        unsafe { rustix::mm::munmap(addr as *mut _, size) }
+            .map_err(|e| os_error("munmap of a reservation", e))
+    }
+
+    fn create_physical(&self, _location: PhysicalLocation, size: usize) -> Result<RawPhysical> {
+        Ok(RawPhysical(sealed_memfd(size)?.into_raw_fd() as u64))
+    }
+
+    unsafe fn destroy_physical(&self, raw: RawPhysical) {
+        // SAFETY: the caller passes ownership of an fd made by create_physical.
+        drop(unsafe { OwnedFd::from_raw_fd(raw.0 as i32) });
+    }
+
+    unsafe fn map(
+        &self,
+        addr: usize,
+        size: usize,
+        raw: RawPhysical,
+        phys_offset: usize,
+        prot: Protection,
+    ) -> Result<()> {
+        // SAFETY: the fd is alive while the semantics layer holds the object.
+        let fd = unsafe { BorrowedFd::borrow_raw(raw.0 as i32) };
+        // SAFETY: [addr, addr+size) is an unmapped part of one of our reservations, so MAP_FIXED
+        // replaces only our own placeholder.
+        let r = unsafe {
+            rustix::mm::mmap(
+                addr as *mut _,
+                size,
+                prot_flags(prot),
+                MapFlags::SHARED | MapFlags::FIXED,
+                fd,
+                phys_offset as u64,
+            )
+        };
+        match r {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                // A failed MAP_FIXED may have dropped the placeholder; put it back so the range
+                // stays reserved.
+                // SAFETY: same range, still ours.
+                unsafe {
+                    rustix::mm::mmap_anonymous(
+                        addr as *mut _,
+                        size,
+                        ProtFlags::empty(),
+                        PLACEHOLDER | MapFlags::FIXED,
+                    )
+                    .ok()
+                };
+                Err(os_error("mmap(MAP_FIXED) of a physical object", e))
+            }
+        }
+    }
+
+    unsafe fn unmap(&self, addr: usize, size: usize) -> Result<()> {
+        // SAFETY: the range is mapped pages of our own reservation.
+        unsafe {
+            rustix::mm::mmap_anonymous(
+                addr as *mut _,
+                size,
+                ProtFlags::empty(),
+                PLACEHOLDER | MapFlags::FIXED,
+            )
+        }
+        .map(|_| ())
+        .map_err(|e| os_error("mmap(PROT_NONE, MAP_FIXED) to unmap", e))
+    }
+
+    unsafe fn protect(&self, addr: usize, size: usize, prot: Protection) -> Result<()> {
+        // SAFETY: the range is mapped pages of our own reservation.
+        unsafe { rustix::mm::mprotect(addr as *mut _, size, mprotect_flags(prot)) }
+            .map_err(|e| os_error("mprotect", e))
+    }
+}
+
+/// Number of open file descriptors of this process (entries of `/proc/self/fd`).
+pub fn open_fd_count() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+/// Number of mappings (lines of `/proc/self/maps`) of this process.
+pub fn mapping_count() -> usize {
+    std::fs::read_to_string("/proc/self/maps").map_or(0, |s| s.lines().count())
+}

@@ -1,0 +1,142 @@
+//! The backend trait: the few raw operations a platform must provide.
+//!
+//! Following wgpu-hal's three rules, the operations here are
+//! - **portable**: used as documented, they give the same results on every backend;
+//! - **unsafe with minimal validation**: the semantics layer ([`crate::vmm`]) has already checked
+//!   every argument against the spec (alignment, ranges, overlap, capacity, enumerations), so a
+//!   backend never decides a spec error code;
+//! - **fallible only for what the caller cannot anticipate**: out of memory, an OS limit, a lost
+//!   device. Those come back as [`Error::OutOfHostMemory`] / [`Error::OutOfDeviceMemory`] /
+//!   [`Error::Unknown`] with a message naming the limit or the failing call.
+//!
+//! Each method names the CUDA driver call the cuda backend maps it to.
+
+pub mod host;
+
+use crate::error::Result;
+
+/// A device as the backend sees it. All sizes in bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Human-readable name, e.g. `hetmem host device 0`.
+    pub name: String,
+    /// Memory that physical objects and device allocations count against.
+    pub capacity: u64,
+    /// Largest single allocation (`maxMemAllocSize` of `ze_device_properties_t`).
+    pub max_alloc_size: u64,
+    /// Smallest mapping granularity the platform supports on this device (a power of two, a
+    /// multiple of the OS page size). CUDA: `cuMemGetAllocationGranularity(MINIMUM)`; host: the OS
+    /// page size. The page-size rule of the spec is applied above this floor.
+    pub min_page_size: usize,
+}
+
+/// Where a physical memory object lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PhysicalLocation {
+    /// On device `ordinal` (`ZE_PHYSICAL_MEM_FLAG_ALLOCATE_ON_DEVICE`).
+    Device(u32),
+    /// In host memory (`ZE_PHYSICAL_MEM_FLAG_ALLOCATE_ON_HOST`).
+    Host,
+}
+
+/// A backend's own handle for a physical memory object: on the host backend an owned memfd
+/// number, on CUDA a `CUmemGenericAllocationHandle`. Only the backend that made it interprets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RawPhysical(pub u64);
+
+/// Page protection of a mapped range (the backend's view of an access attribute).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Protection {
+    /// No access.
+    None,
+    /// Read and write.
+    ReadWrite,
+    /// Read only.
+    ReadOnly,
+}
+
+/// The raw operations a platform provides. See the module docs for the contract.
+///
+/// Addresses are process virtual addresses. Every address, size and offset passed in is aligned
+/// to the device's page size as the semantics layer computed it.
+pub trait Backend: Send + Sync + std::fmt::Debug {
+    /// Short name: `host` or `cuda`.
+    fn name(&self) -> &'static str;
+
+    /// Description of the platform for `hetmem info` (driver version, etc.).
+    fn describe(&self) -> String;
+
+    /// The devices, in ordinal order.
+    fn devices(&self) -> &[DeviceInfo];
+
+    /// Reserves `size` bytes of inaccessible virtual address space aligned to `align` (a power of
+    /// two). If `hint` is given and that exact range is free, it is used; otherwise another range
+    /// is chosen. Must never replace an existing mapping of the process.
+    ///
+    /// CUDA: `cuMemAddressReserve(&ptr, size, align, hint, 0)`. Host: `mmap(PROT_NONE,
+    /// MAP_NORESERVE | MAP_FIXED_NOREPLACE)`.
+    ///
+    /// # Safety
+    /// None beyond the arguments being as documented; marked unsafe because it edits the address
+    /// space of the process.
+    unsafe fn reserve(&self, hint: Option<usize>, size: usize, align: usize) -> Result<usize>;
+
+    /// Releases a whole reservation made by [`Backend::reserve`]; nothing inside is mapped.
+    ///
+    /// CUDA: `cuMemAddressFree`. Host: `munmap`.
+    ///
+    /// # Safety
+    /// `[addr, addr+size)` is exactly one live reservation with no mappings left inside.
+    unsafe fn release(&self, addr: usize, size: usize) -> Result<()>;
+
+    /// Creates a physical memory object of `size` bytes at `location`.
+    ///
+    /// CUDA: `cuMemCreate` with `CU_MEM_LOCATION_TYPE_DEVICE` (or `_HOST`) and a POSIX-fd
+    /// shareable handle type. Host: `memfd_create` + `ftruncate` + `F_ADD_SEALS(GROW|SHRINK|SEAL)`.
+    fn create_physical(&self, location: PhysicalLocation, size: usize) -> Result<RawPhysical>;
+
+    /// Destroys a physical memory object.
+    ///
+    /// CUDA: `cuMemRelease`. Host: `close`.
+    ///
+    /// # Safety
+    /// `raw` came from [`Backend::create_physical`], is not mapped anywhere, and is not used again.
+    unsafe fn destroy_physical(&self, raw: RawPhysical);
+
+    /// Maps `[phys_offset, phys_offset+size)` of `raw` at `addr` with protection `prot`.
+    ///
+    /// CUDA: `cuMemMap(addr, size, phys_offset, raw, 0)` then `cuMemSetAccess`. Host:
+    /// `mmap(addr, size, prot, MAP_SHARED | MAP_FIXED, memfd, phys_offset)`.
+    ///
+    /// # Safety
+    /// `[addr, addr+size)` lies in a live reservation and is currently unmapped; the offset range
+    /// lies inside the physical object.
+    unsafe fn map(
+        &self,
+        addr: usize,
+        size: usize,
+        raw: RawPhysical,
+        phys_offset: usize,
+        prot: Protection,
+    ) -> Result<()>;
+
+    /// Unmaps `[addr, addr+size)`, which stays reserved and inaccessible. The range may be any
+    /// page-aligned sub-range of earlier [`Backend::map`] ranges, and may span several of them;
+    /// a platform that can only unmap whole mappings (CUDA) unmaps them and maps back the parts
+    /// outside the range.
+    ///
+    /// CUDA: `cuMemUnmap` (+ `cuMemMap` of the remainders). Host: `mmap(PROT_NONE, MAP_FIXED |
+    /// MAP_NORESERVE)` over the range, which puts the placeholder back.
+    ///
+    /// # Safety
+    /// Every page of the range is mapped.
+    unsafe fn unmap(&self, addr: usize, size: usize) -> Result<()>;
+
+    /// Changes the protection of mapped pages `[addr, addr+size)`.
+    ///
+    /// CUDA: `cuMemSetAccess`. Host: `mprotect`.
+    ///
+    /// # Safety
+    /// Every page of the range is mapped.
+    unsafe fn protect(&self, addr: usize, size: usize, prot: Protection) -> Result<()>;
+}

@@ -1,0 +1,483 @@
+//! The object model: [`Runtime`] → [`Driver`] (one per backend) → [`Device`]s → [`Context`]s,
+//! as in Level Zero (`zeInitDrivers`, `zeDriverGet`, `zeDeviceGet`, `zeContextCreate`).
+//!
+//! The backend is chosen by [`RuntimeBuilder::backend`] in Rust and by `HETMEM_BACKEND`
+//! (`host`, the default, or `cuda`) through [`Runtime::from_env`]. Host-backend devices are set
+//! by `HETMEM_HOST_DEVICES` (default 2) and `HETMEM_HOST_DEVICE_MEMORY` (bytes per device, with an
+//! optional `K`/`M`/`G`/`T` suffix; default a quarter of RAM split between the devices), and the
+//! largest single allocation by `HETMEM_HOST_MAX_ALLOC` (default half a device).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::backend::host::{HostBackend, HostConfig};
+use crate::backend::{Backend, DeviceInfo};
+use crate::error::{Error, Result};
+use crate::vmm::{
+    AccessAttribute, PhysicalMemory, PhysicalMemoryFlags, Reservation, VmState, VmStats,
+};
+
+/// Which backend a driver runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// Any Linux machine: virtual devices over mmap / memfd / mprotect.
+    Host,
+    /// NVIDIA GPUs through the CUDA driver API.
+    Cuda,
+}
+
+impl BackendKind {
+    /// Parses `host` or `cuda` (as in `HETMEM_BACKEND`).
+    pub fn parse(s: &str) -> Result<BackendKind> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "host" => Ok(BackendKind::Host),
+            "cuda" => Ok(BackendKind::Cuda),
+            other => Err(Error::InvalidArgument(format!(
+                "backend {other:?} is not one of: host, cuda"
+            ))),
+        }
+    }
+
+    /// `host` or `cuda`.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Host => "host",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+}
+
+/// Parses a byte count with an optional binary suffix: `1073741824`, `512M`, `4G`, `1T`, `64K`.
+pub fn parse_bytes(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let unit = t[i..].to_ascii_uppercase();
+            let m = match unit.trim_end_matches("IB").trim_end_matches('B') {
+                "" => 1u64,
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                "T" => 1 << 40,
+                _ => {
+                    return Err(Error::InvalidArgument(format!(
+                        "size {s:?} has an unknown unit"
+                    )))
+                }
+            };
+            (&t[..i], m)
+        }
+        None => (t, 1),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| Error::InvalidArgument(format!("size {s:?} is not a number of bytes")))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| Error::InvalidArgument(format!("size {s:?} overflows 64 bits")))
+}
+
+/// Builds a [`Runtime`].
+#[derive(Debug, Clone)]
+pub struct RuntimeBuilder {
+    backend: BackendKind,
+    host: HostConfig,
+}
+
+impl RuntimeBuilder {
+    /// Chooses the backend.
+    pub fn backend(mut self, kind: BackendKind) -> Self {
+        self.backend = kind;
+        self
+    }
+    /// Number of host-backend devices (at least 1).
+    pub fn host_devices(mut self, n: u32) -> Self {
+        self.host.devices = n;
+        self
+    }
+    /// Capacity of each host-backend device in bytes; the largest single allocation becomes half
+    /// of it unless set after this call.
+    pub fn host_device_memory(mut self, bytes: u64) -> Self {
+        self.host.device_memory = bytes;
+        self.host.max_alloc_size = (bytes / 2).max(1);
+        self
+    }
+    /// Largest single allocation of each host-backend device in bytes.
+    pub fn host_max_alloc_size(mut self, bytes: u64) -> Self {
+        self.host.max_alloc_size = bytes;
+        self
+    }
+
+    /// The configuration from the environment (see the module docs), on top of the defaults.
+    pub fn from_env() -> Result<RuntimeBuilder> {
+        let mut b = Runtime::builder();
+        if let Ok(v) = std::env::var("HETMEM_BACKEND") {
+            b = b.backend(BackendKind::parse(&v)?);
+        }
+        if let Ok(v) = std::env::var("HETMEM_HOST_DEVICES") {
+            let n: u32 = v.trim().parse().map_err(|_| {
+                Error::InvalidArgument(format!("HETMEM_HOST_DEVICES={v:?} is not a count"))
+            })?;
+            b = b.host_devices(n);
+            // Keep a quarter of RAM in all unless the memory is set explicitly.
+            let d = HostConfig::default_for_machine();
+            if n > 0 {
+                let per = (d.device_memory * d.devices as u64 / n as u64) / (2 << 20) * (2 << 20);
+                b = b.host_device_memory(per.max(64 << 20));
+            }
+        }
+        if let Ok(v) = std::env::var("HETMEM_HOST_DEVICE_MEMORY") {
+            b = b.host_device_memory(parse_bytes(&v)?);
+        }
+        if let Ok(v) = std::env::var("HETMEM_HOST_MAX_ALLOC") {
+            b = b.host_max_alloc_size(parse_bytes(&v)?);
+        }
+        Ok(b)
+    }
+
+    /// Starts the runtime: makes the backend and its driver.
+    pub fn build(self) -> Result<Runtime> {
+        let backend: Box<dyn Backend> = match self.backend {
+            BackendKind::Host => Box::new(HostBackend::new(self.host.clone())?),
+            BackendKind::Cuda => {
+                return Err(Error::Uninitialized(
+                    "the cuda backend is not part of this build yet; use HETMEM_BACKEND=host"
+                        .into(),
+                ))
+            }
+        };
+        let vm = VmState::new(backend.as_ref());
+        let shared = Arc::new(DriverShared {
+            kind: self.backend,
+            host: self.host,
+            backend,
+            vm: RwLock::new(vm),
+            next_context: AtomicU64::new(1),
+        });
+        Ok(Runtime {
+            driver: Driver { shared },
+        })
+    }
+}
+
+/// The runtime: holds the driver of the chosen backend.
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    driver: Driver,
+}
+
+impl Runtime {
+    /// A builder with the defaults (host backend, 2 devices, a quarter of RAM).
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder {
+            backend: BackendKind::Host,
+            host: HostConfig::default_for_machine(),
+        }
+    }
+
+    /// A runtime configured from the environment (`HETMEM_BACKEND`, `HETMEM_HOST_*`).
+    pub fn from_env() -> Result<Runtime> {
+        RuntimeBuilder::from_env()?.build()
+    }
+
+    /// The drivers (`zeDriverGet`): one, for the chosen backend.
+    pub fn drivers(&self) -> Vec<Driver> {
+        vec![self.driver.clone()]
+    }
+
+    /// The driver.
+    pub fn driver(&self) -> &Driver {
+        &self.driver
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct DriverShared {
+    pub(crate) kind: BackendKind,
+    pub(crate) host: HostConfig,
+    pub(crate) backend: Box<dyn Backend>,
+    pub(crate) vm: RwLock<VmState>,
+    next_context: AtomicU64,
+}
+
+/// A driver (`ze_driver_handle_t`): one backend and its devices.
+#[derive(Debug, Clone)]
+pub struct Driver {
+    pub(crate) shared: Arc<DriverShared>,
+}
+
+impl Driver {
+    /// The backend this driver runs on.
+    pub fn backend_kind(&self) -> BackendKind {
+        self.shared.kind
+    }
+
+    /// A description of the backend (platform, versions).
+    pub fn describe(&self) -> String {
+        self.shared.backend.describe()
+    }
+
+    /// The host-backend configuration in force (meaningful on the host backend).
+    pub fn host_config(&self) -> &HostConfig {
+        &self.shared.host
+    }
+
+    /// The devices (`zeDeviceGet`), in ordinal order.
+    pub fn devices(&self) -> Vec<Device> {
+        (0..self.shared.backend.devices().len() as u32)
+            .map(|ordinal| Device {
+                shared: self.shared.clone(),
+                ordinal,
+            })
+            .collect()
+    }
+
+    /// Device `ordinal`, if it exists.
+    pub fn device(&self, ordinal: u32) -> Option<Device> {
+        self.devices().into_iter().nth(ordinal as usize)
+    }
+
+    /// Creates a context (`zeContextCreate`). Everything made in a context (reservations,
+    /// mappings, physical objects) is released when its last handle is dropped.
+    pub fn create_context(&self) -> Result<Context> {
+        let id = self.shared.next_context.fetch_add(1, Ordering::Relaxed);
+        Ok(Context {
+            inner: Arc::new(ContextInner {
+                driver: self.shared.clone(),
+                id,
+            }),
+        })
+    }
+
+    /// Counters of the driver's virtual memory (all contexts).
+    pub fn vm_stats(&self) -> VmStats {
+        self.shared.vm.read().stats()
+    }
+}
+
+/// A device (`ze_device_handle_t`).
+#[derive(Debug, Clone)]
+pub struct Device {
+    shared: Arc<DriverShared>,
+    ordinal: u32,
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared) && self.ordinal == other.ordinal
+    }
+}
+impl Eq for Device {}
+
+impl Device {
+    /// The device's ordinal (0-based id).
+    pub fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+    /// The backend's description of the device: name, capacity, largest allocation, granularity.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.shared.backend.devices()[self.ordinal as usize]
+    }
+    /// Bytes of the capacity in use now.
+    pub fn used_memory(&self) -> u64 {
+        self.shared.vm.read().stats().devices[self.ordinal as usize].used
+    }
+}
+
+#[derive(Debug)]
+struct ContextInner {
+    driver: Arc<DriverShared>,
+    id: u64,
+}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        let d = &self.driver;
+        d.vm.write().release_context(d.backend.as_ref(), self.id);
+    }
+}
+
+/// A context (`ze_context_handle_t`): owns reservations, mappings and physical memory.
+///
+/// Every method is thread-safe. Methods that change the address space are serialised by the
+/// driver's lock (the kernel serialises them on its `mmap_lock` anyway); the access-attribute
+/// query only takes the read side.
+#[derive(Debug, Clone)]
+pub struct Context {
+    inner: Arc<ContextInner>,
+}
+
+impl Context {
+    fn d(&self) -> &DriverShared {
+        &self.inner.driver
+    }
+
+    /// The driver of this context.
+    pub fn driver(&self) -> Driver {
+        Driver {
+            shared: self.inner.driver.clone(),
+        }
+    }
+
+    /// Reserves `size` bytes of virtual address space (`zeVirtualMemReserve`).
+    ///
+    /// `start_hint`: where to try first; used when page-aligned and free, otherwise another
+    /// address is chosen (an existing mapping of the process is never replaced). The result is
+    /// aligned to [`Context::query_page_size`]`(size)`, and its pages are inaccessible (NONE).
+    ///
+    /// Errors: `UnsupportedSize` if `size` is 0 or not a multiple of the page size for `size`;
+    /// `OutOfHostMemory` if the address space (or `vm.max_map_count`) is exhausted.
+    pub fn reserve(&self, start_hint: Option<usize>, size: usize) -> Result<Reservation> {
+        let d = self.d();
+        d.vm.write().reserve(
+            d.backend.as_ref(),
+            self.inner.id,
+            start_hint.unwrap_or(0),
+            size,
+        )
+    }
+
+    /// Frees a reservation (`zeVirtualMemFree`): unmaps whatever is mapped in it (the physical
+    /// objects survive) and releases the range.
+    ///
+    /// Errors: `InvalidNullPointer` for null; `UnsupportedSize` for 0; `InvalidArgument` unless
+    /// `(ptr, size)` is exactly the base and size of a live reservation of this context.
+    pub fn free(&self, ptr: usize, size: usize) -> Result<()> {
+        let d = self.d();
+        d.vm.write()
+            .free(d.backend.as_ref(), self.inner.id, ptr, size)
+    }
+
+    /// Frees `r` (see [`Context::free`]).
+    pub fn free_reservation(&self, r: Reservation) -> Result<()> {
+        self.free(r.base, r.size)
+    }
+
+    /// The page size for aligning reservations and physical memory of `size` bytes on `device`
+    /// (`zeVirtualMemQueryPageSize`): 64 KiB below 2 MiB, 2 MiB from 2 MiB up, never below the
+    /// device's granularity (a multiple of the OS page size).
+    ///
+    /// Errors: `UnsupportedSize` if `size` is 0; `InvalidNullHandle` for a device of another
+    /// driver.
+    pub fn query_page_size(&self, device: &Device, size: usize) -> Result<usize> {
+        self.check_device(device)?;
+        self.d().vm.read().query_page_size(device.ordinal, size)
+    }
+
+    fn check_device(&self, device: &Device) -> Result<()> {
+        if !Arc::ptr_eq(&device.shared, &self.inner.driver) {
+            return Err(Error::InvalidNullHandle(format!(
+                "device {} belongs to another driver",
+                device.ordinal
+            )));
+        }
+        Ok(())
+    }
+
+    /// Creates a physical memory object of `size` bytes (`zePhysicalMemCreate`) on `device`
+    /// (`AllocateOnDevice`, counted against its capacity) or in host memory (`AllocateOnHost`,
+    /// device optional).
+    ///
+    /// Errors: `UnsupportedSize` if `size` is 0 or not a multiple of the page size for `size`;
+    /// `InvalidNullHandle` for device memory without a device; `OutOfDeviceMemory` beyond the
+    /// device's remaining capacity; `OutOfHostMemory` if the OS refuses (open-file limit).
+    pub fn create_physical_memory(
+        &self,
+        device: Option<&Device>,
+        flags: PhysicalMemoryFlags,
+        size: usize,
+    ) -> Result<PhysicalMemory> {
+        if let Some(dev) = device {
+            self.check_device(dev)?;
+        }
+        let d = self.d();
+        d.vm.write().create_physical(
+            d.backend.as_ref(),
+            self.inner.id,
+            device.map(|x| x.ordinal),
+            flags,
+            size,
+        )
+    }
+
+    /// Destroys a physical memory object (`zePhysicalMemDestroy`).
+    ///
+    /// Errors: `HandleObjectInUse` while any page of it is mapped (nothing changes);
+    /// `InvalidArgument` for a handle that is not live in this context.
+    pub fn destroy_physical_memory(&self, phys: PhysicalMemory) -> Result<()> {
+        let d = self.d();
+        d.vm.write()
+            .destroy_physical(d.backend.as_ref(), self.inner.id, phys.id)
+    }
+
+    /// Maps `[offset, offset+size)` of `phys` at `ptr` with `access` (`zeVirtualMemMap`).
+    /// One physical object may be mapped at several addresses at once; aliases share bytes.
+    ///
+    /// Errors: `InvalidNullPointer` for null `ptr`; `UnsupportedSize` if `size` is 0 or not a
+    /// multiple of the page size for `size`; `UnsupportedAlignment` if `ptr` or `offset` is not
+    /// aligned to it; `InvalidArgument` if the range is not inside one reservation of this
+    /// context, overlaps a mapping, or `offset+size` is past the end of `phys`.
+    pub fn map(
+        &self,
+        ptr: usize,
+        size: usize,
+        phys: PhysicalMemory,
+        offset: usize,
+        access: AccessAttribute,
+    ) -> Result<()> {
+        let d = self.d();
+        d.vm.write().map(
+            d.backend.as_ref(),
+            self.inner.id,
+            ptr,
+            size,
+            phys.id,
+            offset,
+            access,
+        )
+    }
+
+    /// Unmaps `[ptr, ptr+size)` (`zeVirtualMemUnmap`): any base-page-aligned sub-range of
+    /// mapped pages. The pages revert to NONE and stay reserved.
+    ///
+    /// Errors: `UnsupportedAlignment` / `UnsupportedSize` if `ptr` / `size` is not a multiple of
+    /// the base page (`query_page_size(1)`); `InvalidArgument` if the range is outside one
+    /// reservation or any page in it is not mapped.
+    pub fn unmap(&self, ptr: usize, size: usize) -> Result<()> {
+        let d = self.d();
+        d.vm.write()
+            .unmap(d.backend.as_ref(), self.inner.id, ptr, size)
+    }
+
+    /// Sets the access attribute of the mapped pages of `[ptr, ptr+size)`
+    /// (`zeVirtualMemSetAccessAttribute`). Per page: a sub-range of a mapping can differ from the
+    /// rest. READONLY faults on write and NONE on any access. Unmapped pages of the range have no
+    /// memory and stay NONE.
+    ///
+    /// Errors: as [`Context::unmap`] for alignment and range.
+    pub fn set_access_attribute(
+        &self,
+        ptr: usize,
+        size: usize,
+        access: AccessAttribute,
+    ) -> Result<()> {
+        let d = self.d();
+        d.vm.write()
+            .set_access(d.backend.as_ref(), self.inner.id, ptr, size, access)
+    }
+
+    /// The access attribute of the page at `ptr`, and the length in bytes from `ptr` (capped at
+    /// `size`) of pages that share it (`zeVirtualMemGetAccessAttribute`). Unmapped pages read
+    /// NONE.
+    ///
+    /// Errors: as [`Context::unmap`] for alignment and range.
+    pub fn get_access_attribute(
+        &self,
+        ptr: usize,
+        size: usize,
+    ) -> Result<(AccessAttribute, usize)> {
+        self.d().vm.read().get_access(self.inner.id, ptr, size)
+    }
+}

@@ -1,0 +1,40 @@
+//! # hetmem
+//!
+//! A heterogeneous-memory runtime: the memory parts of Level Zero (virtual memory, physical
+//! memory, and the memory extensions) and of ACL managed memory, with their exact semantics,
+//! over a **host** backend (any Linux: real `mmap`, `memfd`, `mprotect`) and a **cuda** backend.
+//!
+//! Layers, each calling only the one below:
+//! - safe API: [`Runtime`], [`Driver`], [`Device`], [`Context`];
+//! - semantics ([`vmm`]): every spec rule, validation, error selection and bookkeeping;
+//! - backend trait ([`backend::Backend`]): raw operations, no spec logic;
+//! - backends ([`backend::host`]).
+//!
+//! ```
+//! use hetmem::{AccessAttribute, PhysicalMemoryFlags, Runtime};
+//! let rt = Runtime::builder().host_devices(1).host_device_memory(64 << 20).build()?;
+//! let dev = rt.driver().device(0).unwrap();
+//! let ctx = rt.driver().create_context()?;
+//! let page = ctx.query_page_size(&dev, 4 << 20)?; // 2 MiB
+//! let r = ctx.reserve(None, 2 * page)?;
+//! let phys = ctx.create_physical_memory(Some(&dev), PhysicalMemoryFlags::AllocateOnDevice, page)?;
+//! ctx.map(r.base, page, phys, 0, AccessAttribute::ReadWrite)?;
+//! unsafe { r.as_ptr().write(42) };
+//! assert_eq!(ctx.get_access_attribute(r.base, 2 * page)?, (AccessAttribute::ReadWrite, page));
+//! ctx.free_reservation(r)?; // unmaps too
+//! ctx.destroy_physical_memory(phys)?;
+//! # Ok::<(), hetmem::Error>(())
+//! ```
+
+pub mod backend;
+pub mod driver;
+pub mod error;
+pub mod ranges;
+pub mod vmm;
+
+pub use driver::{parse_bytes, BackendKind, Context, Device, Driver, Runtime, RuntimeBuilder};
+pub use error::{Error, Result};
+pub use vmm::{
+    page_size_for, AccessAttribute, DeviceUsage, PhysicalMemory, PhysicalMemoryFlags, Reservation,
+    VmStats,
+};

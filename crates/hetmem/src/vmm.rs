@@ -1,0 +1,741 @@
+//! Level Zero virtual memory: the semantics layer.
+//!
+//! Spec: oneAPI Level Zero 1.18, "Virtual Mem" (`zeVirtualMemReserve`, `zeVirtualMemFree`,
+//! `zeVirtualMemQueryPageSize`, `zePhysicalMemCreate`, `zePhysicalMemDestroy`, `zeVirtualMemMap`,
+//! `zeVirtualMemUnmap`, `zeVirtualMemSetAccessAttribute`, `zeVirtualMemGetAccessAttribute`).
+//!
+//! Every rule of those pages lives here, once: validation, the choice of error code, and the
+//! bookkeeping of reservations, mappings, per-page access attributes and device capacity. The
+//! backend only performs raw operations that were already validated.
+//!
+//! # Page sizes
+//! [`page_size_for`] implements the page-size query: 64 KiB for sizes below 2 MiB and 2 MiB from
+//! 2 MiB up, never smaller than the device's mapping granularity (the OS page on the host backend,
+//! 2 MiB on CUDA). The rules that use it:
+//! - reservation and physical-object sizes must be a multiple of `page_size_for(size)`;
+//! - a map's address, size and physical offset must be multiples of `page_size_for(size)`;
+//! - unmap and the access-attribute calls work on *base pages*, `page_size_for(1)` (64 KiB on
+//!   the host backend): any base-page-aligned sub-range of mapped pages.
+//!
+//! # Error codes (beyond those each function lists)
+//! Null pointers give `InvalidNullPointer`; size 0 gives `UnsupportedSize`; an access value over
+//! READONLY gives `InvalidEnumeration`; ranges outside this context's reservations give
+//! `InvalidArgument`. A failed call changes nothing.
+
+use std::collections::HashMap;
+
+use crate::backend::{Backend, PhysicalLocation, Protection, RawPhysical};
+use crate::error::{Addr, Error, Result};
+use crate::ranges::{RangeMap, Splittable};
+
+/// 64 KiB, the page size the query answers below 2 MiB.
+pub const PAGE_64K: usize = 64 << 10;
+/// 2 MiB, the page size the query answers from 2 MiB up.
+pub const PAGE_2M: usize = 2 << 20;
+
+/// The page size for an allocation of `size` bytes on a device whose mapping granularity is
+/// `min_page`: 64 KiB below 2 MiB, 2 MiB from 2 MiB up, and never less than `min_page`.
+///
+/// Implements `zeVirtualMemQueryPageSize` (the reference driver's rule).
+pub fn page_size_for(min_page: usize, size: usize) -> usize {
+    let rule = if size < PAGE_2M { PAGE_64K } else { PAGE_2M };
+    rule.max(min_page)
+}
+
+/// Page access attribute (`ze_memory_access_attribute_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u32)]
+pub enum AccessAttribute {
+    /// `ZE_MEMORY_ACCESS_ATTRIBUTE_NONE` (0): inaccessible; any access faults.
+    #[default]
+    None = 0,
+    /// `ZE_MEMORY_ACCESS_ATTRIBUTE_READWRITE` (1).
+    ReadWrite = 1,
+    /// `ZE_MEMORY_ACCESS_ATTRIBUTE_READONLY` (2): writes fault.
+    ReadOnly = 2,
+}
+
+impl AccessAttribute {
+    /// Decodes the C value. Values over READONLY are `InvalidEnumeration`.
+    pub fn from_raw(v: u32) -> Result<AccessAttribute> {
+        match v {
+            0 => Ok(AccessAttribute::None),
+            1 => Ok(AccessAttribute::ReadWrite),
+            2 => Ok(AccessAttribute::ReadOnly),
+            _ => Err(Error::InvalidEnumeration(format!(
+                "access attribute {v} is not NONE (0), READWRITE (1) or READONLY (2)"
+            ))),
+        }
+    }
+
+    fn protection(self) -> Protection {
+        match self {
+            AccessAttribute::None => Protection::None,
+            AccessAttribute::ReadWrite => Protection::ReadWrite,
+            AccessAttribute::ReadOnly => Protection::ReadOnly,
+        }
+    }
+}
+
+/// `ze_physical_mem_flags_t`: where a physical memory object is allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PhysicalMemoryFlags {
+    /// `ZE_PHYSICAL_MEM_FLAG_ALLOCATE_ON_DEVICE` (1 << 0, and the default 0).
+    #[default]
+    AllocateOnDevice,
+    /// `ZE_PHYSICAL_MEM_FLAG_ALLOCATE_ON_HOST` (1 << 1).
+    AllocateOnHost,
+}
+
+impl PhysicalMemoryFlags {
+    /// Decodes the C flags: over 0x3 is `InvalidEnumeration`, both bits at once is
+    /// `InvalidArgument`.
+    pub fn from_raw(v: u32) -> Result<PhysicalMemoryFlags> {
+        match v {
+            0 | 1 => Ok(PhysicalMemoryFlags::AllocateOnDevice),
+            2 => Ok(PhysicalMemoryFlags::AllocateOnHost),
+            3 => Err(Error::InvalidArgument(
+                "physical memory flags 0x3 ask for both ALLOCATE_ON_DEVICE and ALLOCATE_ON_HOST"
+                    .into(),
+            )),
+            _ => Err(Error::InvalidEnumeration(format!(
+                "physical memory flags {v:#x} exceed 0x3"
+            ))),
+        }
+    }
+}
+
+/// A reserved virtual address range (`zeVirtualMemReserve`'s result): base address and size in
+/// bytes. A plain description; free it with [`crate::Context::free`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Reservation {
+    /// First byte, aligned to the page size of `size`.
+    pub base: usize,
+    /// Size in bytes, a multiple of the page size of `size`.
+    pub size: usize,
+}
+
+impl Reservation {
+    /// The base as a pointer.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.base as *mut u8
+    }
+    /// One past the last byte.
+    pub fn end(&self) -> usize {
+        self.base + self.size
+    }
+}
+
+/// A physical memory object handle (`ze_physical_mem_handle_t`): an id unique for the life of
+/// the driver, never reused, plus the object's size in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PhysicalMemory {
+    /// Unique id (never 0).
+    pub id: u64,
+    /// Size in bytes.
+    pub size: usize,
+}
+
+/// A mapped run of pages: which physical object, at which offset, with which access.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Mapped {
+    pub phys: u64,
+    pub offset: usize,
+    pub access: AccessAttribute,
+}
+
+impl Splittable for Mapped {
+    fn shifted(&self, delta: usize) -> Self {
+        Mapped {
+            offset: self.offset + delta,
+            ..self.clone()
+        }
+    }
+    fn joins(&self, len: usize, next: &Self) -> bool {
+        self.phys == next.phys && self.access == next.access && self.offset + len == next.offset
+    }
+}
+
+#[derive(Debug)]
+struct ReservationRec {
+    size: usize,
+    context: u64,
+}
+
+#[derive(Debug)]
+struct PhysicalRec {
+    raw: RawPhysical,
+    size: usize,
+    location: PhysicalLocation,
+    context: u64,
+    /// Bytes of this object mapped anywhere right now.
+    mapped: usize,
+}
+
+/// Per-device figures of the semantics layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceUsage {
+    /// Bytes of physical memory (and, later, allocations) counted against the capacity.
+    pub used: u64,
+    /// The capacity.
+    pub capacity: u64,
+}
+
+/// Counters of the whole driver's virtual memory, for checks and `hetmem info`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct VmStats {
+    /// Live reservations.
+    pub reservations: usize,
+    /// Bytes reserved.
+    pub reserved_bytes: usize,
+    /// Live physical objects.
+    pub physical_objects: usize,
+    /// Mapped runs (each at least one OS mapping).
+    pub mapped_runs: usize,
+    /// Bytes mapped.
+    pub mapped_bytes: usize,
+    /// Usage of each device.
+    pub devices: Vec<DeviceUsage>,
+    /// Bytes of host physical memory.
+    pub host_physical_bytes: u64,
+}
+
+/// The bookkeeping of one driver's virtual memory. Guarded by the driver's lock.
+#[derive(Debug)]
+pub(crate) struct VmState {
+    reservations: std::collections::BTreeMap<usize, ReservationRec>,
+    mapped: RangeMap<Mapped>,
+    physical: HashMap<u64, PhysicalRec>,
+    used: Vec<u64>,
+    capacity: Vec<u64>,
+    min_page: Vec<usize>,
+    host_used: u64,
+    next_id: u64,
+}
+
+fn null_check(ptr: usize, what: &str) -> Result<()> {
+    if ptr == 0 {
+        return Err(Error::InvalidNullPointer(format!("{what} is null")));
+    }
+    Ok(())
+}
+
+fn nonzero(size: usize, what: &str) -> Result<()> {
+    if size == 0 {
+        return Err(Error::UnsupportedSize(format!("{what} is 0")));
+    }
+    Ok(())
+}
+
+impl VmState {
+    pub(crate) fn new(backend: &dyn Backend) -> VmState {
+        let d = backend.devices();
+        VmState {
+            reservations: Default::default(),
+            mapped: RangeMap::new(),
+            physical: HashMap::new(),
+            used: vec![0; d.len()],
+            capacity: d.iter().map(|d| d.capacity).collect(),
+            min_page: d.iter().map(|d| d.min_page_size).collect(),
+            host_used: 0,
+            next_id: 1,
+        }
+    }
+
+    /// The driver-wide page size for `size`: the strictest over all devices.
+    pub(crate) fn page_size(&self, size: usize) -> usize {
+        let floor = self.min_page.iter().copied().max().unwrap_or(4096);
+        page_size_for(floor, size)
+    }
+
+    /// The base page: the unit of unmap and access attributes.
+    pub(crate) fn base_page(&self) -> usize {
+        self.page_size(1)
+    }
+
+    fn device_index(&self, ordinal: u32) -> Result<usize> {
+        let i = ordinal as usize;
+        if i >= self.capacity.len() {
+            return Err(Error::InvalidNullHandle(format!(
+                "device {ordinal} does not exist ({} devices)",
+                self.capacity.len()
+            )));
+        }
+        Ok(i)
+    }
+
+    /// `zeVirtualMemQueryPageSize`.
+    pub(crate) fn query_page_size(&self, device: u32, size: usize) -> Result<usize> {
+        let i = self.device_index(device)?;
+        nonzero(size, "page-size query size")?;
+        Ok(page_size_for(self.min_page[i], size))
+    }
+
+    /// The reservation of `context` that wholly contains `[ptr, ptr+size)`.
+    fn containing_reservation(&self, context: u64, ptr: usize, size: usize) -> Result<usize> {
+        let end = ptr.checked_add(size).ok_or_else(|| {
+            Error::InvalidArgument(format!("range {} + {size:#x} overflows", Addr(ptr)))
+        })?;
+        match self.reservations.range(..=ptr).next_back() {
+            Some((&b, r)) if r.context == context && end <= b + r.size && ptr < b + r.size => Ok(b),
+            Some((&b, r)) if r.context == context && ptr < b + r.size => {
+                Err(Error::InvalidArgument(format!(
+                    "range [{}, {}) runs past the end of reservation [{}, {})",
+                    Addr(ptr),
+                    Addr(end),
+                    Addr(b),
+                    Addr(b + r.size)
+                )))
+            }
+            _ => Err(Error::InvalidArgument(format!(
+                "range [{}, {}) is not inside a reservation of this context",
+                Addr(ptr),
+                Addr(end)
+            ))),
+        }
+    }
+
+    fn check_base_aligned(&self, ptr: usize, size: usize) -> Result<()> {
+        let page = self.base_page();
+        if ptr % page != 0 {
+            return Err(Error::UnsupportedAlignment(format!(
+                "address {} is not aligned to the {page:#x}-byte page",
+                Addr(ptr)
+            )));
+        }
+        if size % page != 0 {
+            return Err(Error::UnsupportedSize(format!(
+                "size {size:#x} is not a multiple of the {page:#x}-byte page"
+            )));
+        }
+        Ok(())
+    }
+
+    /// `zeVirtualMemReserve`. `hint` 0 means none.
+    pub(crate) fn reserve(
+        &mut self,
+        backend: &dyn Backend,
+        context: u64,
+        hint: usize,
+        size: usize,
+    ) -> Result<Reservation> {
+        nonzero(size, "reservation size")?;
+        let page = self.page_size(size);
+        if size % page != 0 {
+            return Err(Error::UnsupportedSize(format!(
+                "reservation size {size:#x} is not a multiple of its page size {page:#x}"
+            )));
+        }
+        let hint = (hint != 0 && hint % page == 0).then_some(hint);
+        // SAFETY: the backend only creates a new placeholder; it never replaces a mapping.
+        let base = unsafe { backend.reserve(hint, size, page)? };
+        self.reservations
+            .insert(base, ReservationRec { size, context });
+        Ok(Reservation { base, size })
+    }
+
+    /// `zeVirtualMemFree`: unmaps whatever is mapped inside, then releases the range.
+    pub(crate) fn free(
+        &mut self,
+        backend: &dyn Backend,
+        context: u64,
+        ptr: usize,
+        size: usize,
+    ) -> Result<()> {
+        null_check(ptr, "reservation pointer")?;
+        nonzero(size, "free size")?;
+        match self.reservations.get(&ptr) {
+            Some(r) if r.context == context && r.size == size => {}
+            Some(r) if r.context == context => {
+                return Err(Error::InvalidArgument(format!(
+                    "size {size:#x} is not the size {:#x} of the reservation at {}",
+                    r.size,
+                    Addr(ptr)
+                )))
+            }
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "{} is not the base of a reservation of this context",
+                    Addr(ptr)
+                )))
+            }
+        }
+        let pieces: Vec<(usize, usize)> = self
+            .mapped
+            .overlapping(ptr, ptr + size)
+            .map(|(s, e)| (s, e.end))
+            .collect();
+        for (s, e) in pieces {
+            self.unmap_run(backend, s, e)?;
+        }
+        // SAFETY: an exact live reservation, with nothing mapped inside any more.
+        unsafe { backend.release(ptr, size)? };
+        self.reservations.remove(&ptr);
+        Ok(())
+    }
+
+    /// Unmaps `[start, end)` which is fully mapped, updating physical-object counts.
+    fn unmap_run(&mut self, backend: &dyn Backend, start: usize, end: usize) -> Result<()> {
+        // SAFETY: every page of [start, end) is mapped (checked by the callers).
+        unsafe { backend.unmap(start, end - start)? };
+        for (s, e) in self.mapped.remove(start, end) {
+            if let Some(p) = self.physical.get_mut(&e.value.phys) {
+                p.mapped -= e.end - s;
+            }
+        }
+        Ok(())
+    }
+
+    /// `zePhysicalMemCreate`. `device` is required for device memory and ignored for host
+    /// memory.
+    pub(crate) fn create_physical(
+        &mut self,
+        backend: &dyn Backend,
+        context: u64,
+        device: Option<u32>,
+        flags: PhysicalMemoryFlags,
+        size: usize,
+    ) -> Result<PhysicalMemory> {
+        nonzero(size, "physical memory size")?;
+        let location = match flags {
+            PhysicalMemoryFlags::AllocateOnHost => PhysicalLocation::Host,
+            PhysicalMemoryFlags::AllocateOnDevice => {
+                let d = device.ok_or_else(|| {
+                    Error::InvalidNullHandle("device memory needs a device, got null".into())
+                })?;
+                PhysicalLocation::Device(d)
+            }
+        };
+        let page = match location {
+            PhysicalLocation::Device(d) => {
+                page_size_for(self.min_page[self.device_index(d)?], size)
+            }
+            PhysicalLocation::Host => self.page_size(size),
+        };
+        if size % page != 0 {
+            return Err(Error::UnsupportedSize(format!(
+                "physical memory size {size:#x} is not a multiple of its page size {page:#x}"
+            )));
+        }
+        if let PhysicalLocation::Device(d) = location {
+            let i = d as usize;
+            let free = self.capacity[i] - self.used[i];
+            if size as u64 > free {
+                return Err(Error::OutOfDeviceMemory(format!(
+                    "device {d} has {free:#x} bytes free of {:#x}; {size:#x} asked",
+                    self.capacity[i]
+                )));
+            }
+        }
+        let raw = backend.create_physical(location, size)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        match location {
+            PhysicalLocation::Device(d) => self.used[d as usize] += size as u64,
+            PhysicalLocation::Host => self.host_used += size as u64,
+        }
+        self.physical.insert(
+            id,
+            PhysicalRec {
+                raw,
+                size,
+                location,
+                context,
+                mapped: 0,
+            },
+        );
+        Ok(PhysicalMemory { id, size })
+    }
+
+    fn physical_of(&self, context: u64, id: u64) -> Result<&PhysicalRec> {
+        match self.physical.get(&id) {
+            Some(p) if p.context == context => Ok(p),
+            _ => Err(Error::InvalidArgument(format!(
+                "physical memory handle {id} is not a live object of this context"
+            ))),
+        }
+    }
+
+    /// `zePhysicalMemDestroy`: `HandleObjectInUse` while any page of it is mapped.
+    pub(crate) fn destroy_physical(
+        &mut self,
+        backend: &dyn Backend,
+        context: u64,
+        id: u64,
+    ) -> Result<()> {
+        let p = self.physical_of(context, id)?;
+        if p.mapped > 0 {
+            return Err(Error::HandleObjectInUse(format!(
+                "physical memory {id} still has {:#x} bytes mapped",
+                p.mapped
+            )));
+        }
+        let p = self.physical.remove(&id).expect("checked");
+        match p.location {
+            PhysicalLocation::Device(d) => self.used[d as usize] -= p.size as u64,
+            PhysicalLocation::Host => self.host_used -= p.size as u64,
+        }
+        // SAFETY: the object is not mapped and is forgotten here.
+        unsafe { backend.destroy_physical(p.raw) };
+        Ok(())
+    }
+
+    /// `zeVirtualMemMap`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn map(
+        &mut self,
+        backend: &dyn Backend,
+        context: u64,
+        ptr: usize,
+        size: usize,
+        phys: u64,
+        offset: usize,
+        access: AccessAttribute,
+    ) -> Result<()> {
+        null_check(ptr, "map address")?;
+        nonzero(size, "map size")?;
+        let page = self.page_size(size);
+        if size % page != 0 {
+            return Err(Error::UnsupportedSize(format!(
+                "map size {size:#x} is not a multiple of its page size {page:#x}"
+            )));
+        }
+        if ptr % page != 0 {
+            return Err(Error::UnsupportedAlignment(format!(
+                "map address {} is not aligned to the page size {page:#x} of a {size:#x}-byte map",
+                Addr(ptr)
+            )));
+        }
+        if offset % page != 0 {
+            return Err(Error::UnsupportedAlignment(format!(
+                "physical offset {offset:#x} is not aligned to the page size {page:#x}"
+            )));
+        }
+        let p = self.physical_of(context, phys)?;
+        let raw = p.raw;
+        if offset.checked_add(size).is_none_or(|e| e > p.size) {
+            return Err(Error::InvalidArgument(format!(
+                "offset {offset:#x} + size {size:#x} is past the end of physical memory {phys} \
+                 ({:#x} bytes)",
+                p.size
+            )));
+        }
+        self.containing_reservation(context, ptr, size)?;
+        if let Some((s, e)) = self.mapped.overlapping(ptr, ptr + size).next() {
+            return Err(Error::InvalidArgument(format!(
+                "range [{}, {}) overlaps the mapping [{}, {})",
+                Addr(ptr),
+                Addr(ptr + size),
+                Addr(s),
+                Addr(e.end)
+            )));
+        }
+        // SAFETY: validated: inside a reservation, unmapped, within the object.
+        unsafe { backend.map(ptr, size, raw, offset, access.protection())? };
+        self.physical.get_mut(&phys).expect("checked").mapped += size;
+        self.mapped.insert(
+            ptr,
+            ptr + size,
+            Mapped {
+                phys,
+                offset,
+                access,
+            },
+        );
+        self.mapped.coalesce(ptr, ptr + size);
+        Ok(())
+    }
+
+    /// `zeVirtualMemUnmap`: every page of the range must be mapped.
+    pub(crate) fn unmap(
+        &mut self,
+        backend: &dyn Backend,
+        context: u64,
+        ptr: usize,
+        size: usize,
+    ) -> Result<()> {
+        null_check(ptr, "unmap address")?;
+        nonzero(size, "unmap size")?;
+        self.check_base_aligned(ptr, size)?;
+        self.containing_reservation(context, ptr, size)?;
+        if let Some(gap) = self.mapped.first_gap(ptr, ptr + size) {
+            return Err(Error::InvalidArgument(format!(
+                "page {} in [{}, {}) is not mapped",
+                Addr(gap),
+                Addr(ptr),
+                Addr(ptr + size)
+            )));
+        }
+        self.unmap_run(backend, ptr, ptr + size)?;
+        self.mapped.coalesce(ptr, ptr + size);
+        Ok(())
+    }
+
+    /// `zeVirtualMemSetAccessAttribute`: applies to the mapped pages of the range; unmapped
+    /// pages inside the reservation have no memory and stay NONE.
+    pub(crate) fn set_access(
+        &mut self,
+        backend: &dyn Backend,
+        context: u64,
+        ptr: usize,
+        size: usize,
+        access: AccessAttribute,
+    ) -> Result<()> {
+        null_check(ptr, "address")?;
+        nonzero(size, "size")?;
+        self.check_base_aligned(ptr, size)?;
+        self.containing_reservation(context, ptr, size)?;
+        let end = ptr + size;
+        // Runs to change, clipped to the range, with their old attribute for rollback.
+        let runs: Vec<(usize, usize, AccessAttribute)> = self
+            .mapped
+            .overlapping(ptr, end)
+            .filter(|(_, e)| e.value.access != access)
+            .map(|(s, e)| (s.max(ptr), e.end.min(end), e.value.access))
+            .collect();
+        for (i, &(s, e, _)) in runs.iter().enumerate() {
+            // SAFETY: [s, e) is mapped.
+            if let Err(err) = unsafe { backend.protect(s, e - s, access.protection()) } {
+                for &(s, e, old) in &runs[..i] {
+                    // SAFETY: same mapped runs, put back as they were.
+                    unsafe { backend.protect(s, e - s, old.protection()).ok() };
+                }
+                return Err(err);
+            }
+        }
+        if !runs.is_empty() {
+            self.mapped.update(ptr, end, |m| m.access = access);
+        }
+        Ok(())
+    }
+
+    /// `zeVirtualMemGetAccessAttribute`: the attribute of the page at `ptr` and the length from
+    /// `ptr` (capped at `size`) of pages that share it. Unmapped pages are NONE.
+    pub(crate) fn get_access(
+        &self,
+        context: u64,
+        ptr: usize,
+        size: usize,
+    ) -> Result<(AccessAttribute, usize)> {
+        null_check(ptr, "address")?;
+        nonzero(size, "size")?;
+        self.check_base_aligned(ptr, size)?;
+        self.containing_reservation(context, ptr, size)?;
+        let end = ptr + size;
+        let first = self.mapped.get(ptr).map(|(_, e)| e.value.access);
+        let access = first.unwrap_or_default();
+        let mut at = ptr;
+        for (s, e) in self.mapped.overlapping(ptr, end) {
+            if s > at {
+                // A hole: NONE.
+                if access != AccessAttribute::None {
+                    break;
+                }
+            }
+            if e.value.access != access {
+                at = at.max(s);
+                return Ok((access, at - ptr));
+            }
+            at = e.end.min(end);
+        }
+        if at < end && access != AccessAttribute::None {
+            // Pages after the last run are unmapped, so NONE.
+            return Ok((access, at - ptr));
+        }
+        Ok((access, size))
+    }
+
+    /// Everything of `context` goes: mappings, reservations, physical objects.
+    pub(crate) fn release_context(&mut self, backend: &dyn Backend, context: u64) {
+        let bases: Vec<(usize, usize)> = self
+            .reservations
+            .iter()
+            .filter(|(_, r)| r.context == context)
+            .map(|(&b, r)| (b, r.size))
+            .collect();
+        for (b, s) in bases {
+            if let Err(e) = self.free(backend, context, b, s) {
+                tracing::warn!("freeing reservation {} at context teardown: {e}", Addr(b));
+            }
+        }
+        let ids: Vec<u64> = self
+            .physical
+            .iter()
+            .filter(|(_, p)| p.context == context)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in ids {
+            if let Err(e) = self.destroy_physical(backend, context, id) {
+                tracing::warn!("destroying physical memory {id} at context teardown: {e}");
+            }
+        }
+    }
+
+    pub(crate) fn stats(&self) -> VmStats {
+        VmStats {
+            reservations: self.reservations.len(),
+            reserved_bytes: self.reservations.values().map(|r| r.size).sum(),
+            physical_objects: self.physical.len(),
+            mapped_runs: self.mapped.len(),
+            mapped_bytes: self.mapped.iter().map(|(s, e)| e.end - s).sum(),
+            devices: self
+                .used
+                .iter()
+                .zip(&self.capacity)
+                .map(|(&used, &capacity)| DeviceUsage { used, capacity })
+                .collect(),
+            host_physical_bytes: self.host_used,
+        }
+    }
+
+    /// The raw backend handle and size of a physical object (for the demo and later IPC).
+    #[allow(dead_code)]
+    pub(crate) fn raw_physical(&self, context: u64, id: u64) -> Result<(RawPhysical, usize)> {
+        let p = self.physical_of(context, id)?;
+        Ok((p.raw, p.size))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_size_rule_64k_below_2m_and_2m_from_2m() {
+        assert_eq!(page_size_for(4096, 1), PAGE_64K);
+        assert_eq!(page_size_for(4096, PAGE_2M - 1), PAGE_64K);
+        assert_eq!(page_size_for(4096, PAGE_2M), PAGE_2M);
+        assert_eq!(page_size_for(4096, 1 << 40), PAGE_2M);
+        // A device with 2 MiB granularity (CUDA) never answers less than 2 MiB.
+        assert_eq!(page_size_for(PAGE_2M, 4096), PAGE_2M);
+    }
+
+    #[test]
+    fn access_attribute_over_readonly_is_invalid_enumeration() {
+        assert_eq!(AccessAttribute::from_raw(2), Ok(AccessAttribute::ReadOnly));
+        assert_eq!(
+            AccessAttribute::from_raw(3).unwrap_err().ze_result(),
+            0x7800_000c
+        );
+    }
+
+    #[test]
+    fn physical_flags_over_0x3_are_invalid_enumeration() {
+        assert_eq!(
+            PhysicalMemoryFlags::from_raw(0),
+            Ok(PhysicalMemoryFlags::AllocateOnDevice)
+        );
+        assert_eq!(
+            PhysicalMemoryFlags::from_raw(2),
+            Ok(PhysicalMemoryFlags::AllocateOnHost)
+        );
+        assert_eq!(
+            PhysicalMemoryFlags::from_raw(4).unwrap_err().ze_result(),
+            0x7800_000c
+        );
+        assert_eq!(
+            PhysicalMemoryFlags::from_raw(3).unwrap_err().ze_result(),
+            0x7800_0004
+        );
+    }
+}
