@@ -26,6 +26,9 @@ enum Command {
 }
 
 fn main() {
+    // Die quietly on a closed pipe (`hetmem info | head`), as command-line tools do.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Info(a) => info::run(a),

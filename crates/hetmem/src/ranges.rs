@@ -55,6 +55,16 @@ impl<V: Splittable> RangeMap<V> {
         self.map.is_empty()
     }
 
+    /// The range that starts exactly at `start` (an exact lookup, cheaper than [`RangeMap::get`]).
+    pub fn get_exact(&self, start: usize) -> Option<&Entry<V>> {
+        self.map.get(&start)
+    }
+
+    /// Removes the range that starts exactly at `start`.
+    pub fn remove_exact(&mut self, start: usize) -> Option<Entry<V>> {
+        self.map.remove(&start)
+    }
+
     /// The range containing `addr`, as `(start, entry)`.
     pub fn get(&self, addr: usize) -> Option<(usize, &Entry<V>)> {
         let (&s, e) = self.map.range(..=addr).next_back()?;
@@ -77,9 +87,35 @@ impl<V: Splittable> RangeMap<V> {
             .filter(move |(_, e)| e.end > start)
     }
 
-    /// Whether any stored range overlaps `[start, end)`.
+    /// Whether any stored range overlaps `[start, end)` (one tree search).
     pub fn overlaps(&self, start: usize, end: usize) -> bool {
-        self.overlapping(start, end).next().is_some()
+        self.last_overlap(start, end).is_some()
+    }
+
+    /// The last stored range that overlaps `[start, end)`, as `(start, entry)`: the last range
+    /// starting before `end`, if it ends after `start` (one tree search).
+    pub fn last_overlap(&self, start: usize, end: usize) -> Option<(usize, &Entry<V>)> {
+        let (&s, e) = self.map.range(..end).next_back()?;
+        (e.end > start).then_some((s, e))
+    }
+
+    /// Merges the range starting at `key` with its left and right neighbours where they join
+    /// (one exact lookup and one tree search each side).
+    pub fn join_neighbours(&mut self, key: usize) {
+        let Some(e) = self.map.get(&key) else { return };
+        let end = e.end;
+        if let Some(r) = self.map.get(&end) {
+            if e.value.joins(end - key, &r.value) {
+                let r = self.map.remove(&end).expect("present");
+                self.map.get_mut(&key).expect("present").end = r.end;
+            }
+        }
+        if let Some((&l, le)) = self.map.range(..key).next_back() {
+            if le.end == key && le.value.joins(key - l, &self.map[&key].value) {
+                let e = self.map.remove(&key).expect("present");
+                self.map.get_mut(&l).expect("present").end = e.end;
+            }
+        }
     }
 
     /// The first address in `[start, end)` not covered by a range, if any.
@@ -129,6 +165,14 @@ impl<V: Splittable> RangeMap<V> {
     /// Applies `f` to every stored byte range inside `[start, end)` after splitting at the
     /// boundaries, then merges neighbours that join.
     pub fn update(&mut self, start: usize, end: usize, mut f: impl FnMut(&mut V)) {
+        // Fast path: exactly one whole range.
+        if let Some(e) = self.map.get_mut(&start) {
+            if e.end == end {
+                f(&mut e.value);
+                self.join_neighbours(start);
+                return;
+            }
+        }
         self.split_at(start);
         self.split_at(end);
         for (_, e) in self.map.range_mut(start..end) {
@@ -137,32 +181,32 @@ impl<V: Splittable> RangeMap<V> {
         self.coalesce(start, end);
     }
 
-    /// Merges neighbouring ranges that join, from the range before `start` to the range after
-    /// `end`.
+    /// Merges neighbouring ranges that join, from the range before `start` to the range that
+    /// starts at or after `end`. Walks in place (no allocation): two tree lookups per range.
     pub fn coalesce(&mut self, start: usize, end: usize) {
-        let from = self
+        let first = self
             .map
             .range(..start)
             .next_back()
-            .map_or(start, |(&s, _)| s);
-        let to = self.map.range(end..).next().map_or(end, |(&s, _)| s);
-        let keys: Vec<usize> = self.map.range(from..=to).map(|(&s, _)| s).collect();
-        let mut cur: Option<usize> = None;
-        for k in keys {
-            if let Some(c) = cur {
-                let (cend, joins) = {
-                    let ce = &self.map[&c];
-                    let ke = &self.map[&k];
-                    (ce.end, ce.end == k && ce.value.joins(ce.end - c, &ke.value))
-                };
-                let _ = cend;
-                if joins {
-                    let ke = self.map.remove(&k).expect("present");
-                    self.map.get_mut(&c).expect("present").end = ke.end;
-                    continue;
+            .or_else(|| self.map.range(start..).next())
+            .map(|(&s, _)| s);
+        let Some(mut cur) = first else { return };
+        loop {
+            let (next, joins) = {
+                let ce = &self.map[&cur];
+                match self.map.range((Excluded(cur), Unbounded)).next() {
+                    None => return,
+                    Some((&k, ke)) => (k, ce.end == k && ce.value.joins(ce.end - cur, &ke.value)),
                 }
+            };
+            if joins {
+                let ke = self.map.remove(&next).expect("present");
+                self.map.get_mut(&cur).expect("present").end = ke.end;
+            } else if next >= end {
+                return;
+            } else {
+                cur = next;
             }
-            cur = Some(k);
         }
     }
 

@@ -512,16 +512,16 @@ impl VmState {
             )));
         }
         let p = self.physical_of(context, phys)?;
-        let raw = p.raw;
-        if offset.checked_add(size).is_none_or(|e| e > p.size) {
+        let (raw, phys_size) = (p.raw, p.size);
+        if offset.checked_add(size).is_none_or(|e| e > phys_size) {
             return Err(Error::InvalidArgument(format!(
                 "offset {offset:#x} + size {size:#x} is past the end of physical memory {phys} \
                  ({:#x} bytes)",
-                p.size
+                phys_size
             )));
         }
         self.containing_reservation(context, ptr, size)?;
-        if let Some((s, e)) = self.mapped.overlapping(ptr, ptr + size).next() {
+        if let Some((s, e)) = self.mapped.last_overlap(ptr, ptr + size) {
             return Err(Error::InvalidArgument(format!(
                 "range [{}, {}) overlaps the mapping [{}, {})",
                 Addr(ptr),
@@ -542,7 +542,7 @@ impl VmState {
                 access,
             },
         );
-        self.mapped.coalesce(ptr, ptr + size);
+        self.mapped.join_neighbours(ptr);
         Ok(())
     }
 
@@ -558,6 +558,21 @@ impl VmState {
         nonzero(size, "unmap size")?;
         self.check_base_aligned(ptr, size)?;
         self.containing_reservation(context, ptr, size)?;
+        // Fast path: exactly one whole mapped run.
+        if let Some(phys) = self
+            .mapped
+            .get_exact(ptr)
+            .filter(|e| e.end == ptr + size)
+            .map(|e| e.value.phys)
+        {
+            // SAFETY: [ptr, ptr+size) is one mapped run.
+            unsafe { backend.unmap(ptr, size)? };
+            self.mapped.remove_exact(ptr);
+            if let Some(p) = self.physical.get_mut(&phys) {
+                p.mapped -= size;
+            }
+            return Ok(());
+        }
         if let Some(gap) = self.mapped.first_gap(ptr, ptr + size) {
             return Err(Error::InvalidArgument(format!(
                 "page {} in [{}, {}) is not mapped",
@@ -566,9 +581,8 @@ impl VmState {
                 Addr(ptr + size)
             )));
         }
-        self.unmap_run(backend, ptr, ptr + size)?;
-        self.mapped.coalesce(ptr, ptr + size);
-        Ok(())
+        // Removing pages never makes two runs adjacent, so nothing to coalesce.
+        self.unmap_run(backend, ptr, ptr + size)
     }
 
     /// `zeVirtualMemSetAccessAttribute`: applies to the mapped pages of the range; unmapped
@@ -586,6 +600,17 @@ impl VmState {
         self.check_base_aligned(ptr, size)?;
         self.containing_reservation(context, ptr, size)?;
         let end = ptr + size;
+        // Fast path: the range lies inside one mapped run (one protect, no rollback list).
+        if let Some((_, e)) = self.mapped.get(ptr) {
+            if e.end >= end {
+                if e.value.access != access {
+                    // SAFETY: [ptr, end) is mapped.
+                    unsafe { backend.protect(ptr, size, access.protection())? };
+                    self.mapped.update(ptr, end, |m| m.access = access);
+                }
+                return Ok(());
+            }
+        }
         // Runs to change, clipped to the range, with their old attribute for rollback.
         let runs: Vec<(usize, usize, AccessAttribute)> = self
             .mapped
