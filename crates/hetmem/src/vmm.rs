@@ -360,16 +360,19 @@ impl VmState {
                 )))
             }
         }
+        // Clipped: a run may continue into an adjacent reservation (runs coalesce across them).
         let pieces: Vec<(usize, usize)> = self
             .mapped
             .overlapping(ptr, ptr + size)
-            .map(|(s, e)| (s, e.end))
+            .map(|(s, e)| (s.max(ptr), e.end.min(ptr + size)))
             .collect();
-        for (s, e) in pieces {
-            self.unmap_run(backend, s, e)?;
+        // SAFETY: an exact live reservation, and `pieces` are all its mapped runs.
+        unsafe { backend.release_mapped(ptr, size, &pieces)? };
+        for (s, e) in self.mapped.remove(ptr, ptr + size) {
+            if let Some(p) = self.physical.get_mut(&e.value.phys) {
+                p.mapped -= e.end - s;
+            }
         }
-        // SAFETY: an exact live reservation, with nothing mapped inside any more.
-        unsafe { backend.release(ptr, size)? };
         self.reservations.remove(&ptr);
         Ok(())
     }

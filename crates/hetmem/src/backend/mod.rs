@@ -89,6 +89,29 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// `[addr, addr+size)` is exactly one live reservation with no mappings left inside.
     unsafe fn release(&self, addr: usize, size: usize) -> Result<()>;
 
+    /// Releases a whole reservation together with its mapped runs `mapped` (`(start, end)`
+    /// pairs inside it). Default: [`Backend::unmap`] each run, then [`Backend::release`]. A
+    /// platform that can drop both at once overrides it so that freeing needs no new resources.
+    ///
+    /// CUDA: `cuMemUnmap` of each run, then `cuMemAddressFree`. Host: one `munmap(2)`, which
+    /// works even past `vm.max_map_count`, where an unmap through `mmap(MAP_FIXED)` is refused.
+    ///
+    /// # Safety
+    /// `[addr, addr+size)` is exactly one live reservation and `mapped` are all its mapped runs.
+    unsafe fn release_mapped(
+        &self,
+        addr: usize,
+        size: usize,
+        mapped: &[(usize, usize)],
+    ) -> Result<()> {
+        for &(s, e) in mapped {
+            // SAFETY: every page of a mapped run is mapped.
+            unsafe { self.unmap(s, e - s)? };
+        }
+        // SAFETY: nothing inside is mapped any more.
+        unsafe { self.release(addr, size) }
+    }
+
     /// Creates a physical memory object of `size` bytes at `location`.
     ///
     /// CUDA: `cuMemCreate` with `CU_MEM_LOCATION_TYPE_DEVICE` (or `_HOST`) and a POSIX-fd

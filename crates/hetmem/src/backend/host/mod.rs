@@ -255,6 +255,21 @@ impl Backend for HostBackend {
             .map_err(|e| os_error("munmap of a reservation", e))
     }
 
+    unsafe fn release_mapped(
+        &self,
+        addr: usize,
+        size: usize,
+        _mapped: &[(usize, usize)],
+    ) -> Result<()> {
+        // One munmap drops the mappings with the placeholder. A map that splits the end of a
+        // placeholder may take the process one VMA past vm.max_map_count, and from then on the
+        // kernel refuses every mmap, our placeholder-based unmap included; munmap of whole VMAs
+        // needs no new one, so a process at the limit can still free its way out.
+        // SAFETY: the caller guarantees this is exactly one of our reservations; its mappings
+        // go with it.
+        unsafe { self.release(addr, size) }
+    }
+
     fn create_physical(&self, _location: PhysicalLocation, size: usize) -> Result<RawPhysical> {
         Ok(RawPhysical(sealed_memfd(size)?.into_raw_fd() as u64))
     }

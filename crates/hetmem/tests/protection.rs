@@ -1,0 +1,294 @@
+//! Page protection checked in real child processes (issue 2: "READONLY really faults on write,
+//! NONE on any access"; "a write to READONLY and a read of NONE die with SIGSEGV; READWRITE
+//! works").
+//!
+//! Each test runs this test binary again with `HETMEM_CHILD_CASE=<case>` and only
+//! `child_case_runner` selected. The child makes a runtime, maps pages, prints `BEFORE_FAULT`
+//! just before the access under test and `CHILD_OK <case>` if it survives. The parent checks how
+//! the child ended: killed by SIGSEGV after `BEFORE_FAULT`, or a clean exit with `CHILD_OK`.
+
+use std::io::Write;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Output};
+
+use hetmem::{AccessAttribute, Context, PhysicalMemory, PhysicalMemoryFlags, Reservation, Runtime};
+
+use AccessAttribute::{None as NONE, ReadOnly as RO, ReadWrite as RW};
+
+const CHILD_ENV: &str = "HETMEM_CHILD_CASE";
+
+fn run_child(case: &str) -> Output {
+    let exe = std::env::current_exe().expect("current_exe");
+    Command::new(exe)
+        .args([
+            "--exact",
+            "child_case_runner",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, case)
+        .output()
+        .expect("spawn child")
+}
+
+fn describe(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The child reached the access under test and was killed by SIGSEGV there.
+fn assert_segfaults(case: &str) {
+    let out = run_child(case);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("BEFORE_FAULT"),
+        "child {case} did not reach the access: {}",
+        describe(&out)
+    );
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGSEGV),
+        "child {case} was not killed by SIGSEGV: {}",
+        describe(&out)
+    );
+    assert!(!stdout.contains("AFTER_FAULT"), "{}", describe(&out));
+}
+
+/// The child ran its case to the end and exited 0.
+fn assert_survives(case: &str) {
+    let out = run_child(case);
+    assert!(
+        out.status.success()
+            && String::from_utf8_lossy(&out.stdout).contains(&format!("CHILD_OK {case}")),
+        "child {case} failed: {}",
+        describe(&out)
+    );
+}
+
+#[test]
+fn write_to_readonly_page_is_sigsegv() {
+    assert_segfaults("readonly_write");
+}
+
+#[test]
+fn read_of_none_page_is_sigsegv() {
+    assert_segfaults("none_read");
+}
+
+#[test]
+fn write_to_none_page_is_sigsegv() {
+    assert_segfaults("none_write");
+}
+
+#[test]
+fn read_of_page_mapped_none_is_sigsegv() {
+    assert_segfaults("mapped_none_read");
+}
+
+#[test]
+fn read_of_unmapped_reserved_page_is_sigsegv() {
+    assert_segfaults("unmapped_read");
+}
+
+#[test]
+fn read_after_unmap_is_sigsegv() {
+    assert_segfaults("read_after_unmap");
+}
+
+#[test]
+fn readwrite_page_reads_back_what_was_written() {
+    assert_survives("readwrite");
+}
+
+#[test]
+fn readonly_page_reads_an_alias_write() {
+    assert_survives("readonly_read");
+}
+
+#[test]
+fn readonly_set_back_to_readwrite_is_writable() {
+    assert_survives("readonly_to_readwrite");
+}
+
+#[test]
+fn set_access_readonly_faults_only_on_that_page() {
+    assert_segfaults("per_page");
+    // The same mapping with the first page written last: no fault at all.
+    assert_survives("per_page_other_pages_work");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Child side
+// ---------------------------------------------------------------------------------------------
+
+struct Child {
+    _rt: Runtime,
+    ctx: Context,
+    page: usize,
+    phys: PhysicalMemory,
+    r: Reservation,
+}
+
+/// A runtime, a reservation of `pages` base pages and a physical object of the same size.
+fn setup(pages: usize) -> Child {
+    let rt = Runtime::builder()
+        .host_devices(1)
+        .host_device_memory(16 << 20)
+        .build()
+        .expect("runtime");
+    let dev = rt.driver().device(0).expect("device");
+    let ctx = rt.driver().create_context().expect("context");
+    let page = ctx.query_page_size(&dev, 1).expect("page size");
+    let phys = ctx
+        .create_physical_memory(
+            Some(&dev),
+            PhysicalMemoryFlags::AllocateOnDevice,
+            pages * page,
+        )
+        .expect("physical");
+    let r = ctx.reserve(None, pages * page).expect("reserve");
+    Child {
+        _rt: rt,
+        ctx,
+        page,
+        phys,
+        r,
+    }
+}
+
+fn write(addr: usize, v: u64) {
+    // SAFETY: the children deliberately touch pages that may fault; a fault kills the child,
+    // which is what the parent checks.
+    unsafe { std::ptr::write_volatile(addr as *mut u64, v) }
+}
+
+fn read(addr: usize) -> u64 {
+    // SAFETY: as `write`.
+    unsafe { std::ptr::read_volatile(addr as *const u64) }
+}
+
+fn marker(s: &str) {
+    println!("{s}");
+    std::io::stdout().flush().expect("flush");
+}
+
+/// Marks, then makes the access that must fault; prints `AFTER_FAULT` if it did not.
+fn faulting(access: impl FnOnce()) {
+    marker("BEFORE_FAULT");
+    access();
+    marker("AFTER_FAULT");
+    panic!("the access did not fault");
+}
+
+/// Dispatches `HETMEM_CHILD_CASE`; does nothing when it is not set.
+#[test]
+fn child_case_runner() {
+    let Ok(case) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    // No core files from the deliberate faults.
+    let no_core = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: setrlimit on this child process only.
+    unsafe { libc::setrlimit(libc::RLIMIT_CORE, &no_core) };
+    match case.as_str() {
+        "readonly_write" => {
+            let c = setup(1);
+            c.ctx.map(c.r.base, c.page, c.phys, 0, RO).unwrap();
+            assert_eq!(read(c.r.base), 0, "a READONLY page is readable");
+            faulting(|| write(c.r.base, 1));
+        }
+        "none_read" => {
+            let c = setup(1);
+            c.ctx.map(c.r.base, c.page, c.phys, 0, RW).unwrap();
+            write(c.r.base, 5);
+            c.ctx.set_access_attribute(c.r.base, c.page, NONE).unwrap();
+            assert_eq!(
+                c.ctx.get_access_attribute(c.r.base, c.page).unwrap(),
+                (NONE, c.page)
+            );
+            faulting(|| {
+                read(c.r.base);
+            });
+        }
+        "none_write" => {
+            let c = setup(1);
+            c.ctx.map(c.r.base, c.page, c.phys, 0, RW).unwrap();
+            c.ctx.set_access_attribute(c.r.base, c.page, NONE).unwrap();
+            faulting(|| write(c.r.base + 8, 5));
+        }
+        "mapped_none_read" => {
+            let c = setup(1);
+            c.ctx.map(c.r.base, c.page, c.phys, 0, NONE).unwrap();
+            faulting(|| {
+                read(c.r.base);
+            });
+        }
+        "unmapped_read" => {
+            let c = setup(2);
+            faulting(|| {
+                read(c.r.base + c.page);
+            });
+        }
+        "read_after_unmap" => {
+            let c = setup(1);
+            c.ctx.map(c.r.base, c.page, c.phys, 0, RW).unwrap();
+            write(c.r.base, 8);
+            c.ctx.unmap(c.r.base, c.page).unwrap();
+            faulting(|| {
+                read(c.r.base);
+            });
+        }
+        "readwrite" => {
+            let c = setup(2);
+            c.ctx.map(c.r.base, 2 * c.page, c.phys, 0, RW).unwrap();
+            for (i, a) in (c.r.base..c.r.end()).step_by(4096).enumerate() {
+                write(a, 0xFEED_0000 + i as u64);
+            }
+            write(c.r.end() - 8, 0xE17D);
+            for (i, a) in (c.r.base..c.r.end()).step_by(4096).enumerate() {
+                assert_eq!(read(a), 0xFEED_0000 + i as u64, "at {a:#x}");
+            }
+            assert_eq!(read(c.r.end() - 8), 0xE17D);
+        }
+        "readonly_read" => {
+            let c = setup(1);
+            let alias = c.ctx.reserve(None, c.page).unwrap();
+            c.ctx.map(c.r.base, c.page, c.phys, 0, RW).unwrap();
+            c.ctx.map(alias.base, c.page, c.phys, 0, RO).unwrap();
+            write(c.r.base + 24, 0x5EED);
+            assert_eq!(read(alias.base + 24), 0x5EED);
+        }
+        "readonly_to_readwrite" => {
+            let c = setup(1);
+            c.ctx.map(c.r.base, c.page, c.phys, 0, RO).unwrap();
+            c.ctx.set_access_attribute(c.r.base, c.page, RW).unwrap();
+            write(c.r.base, 77);
+            assert_eq!(read(c.r.base), 77);
+        }
+        "per_page" | "per_page_other_pages_work" => {
+            let c = setup(2);
+            c.ctx.map(c.r.base, 2 * c.page, c.phys, 0, RW).unwrap();
+            c.ctx
+                .set_access_attribute(c.r.base + c.page, c.page, RO)
+                .unwrap();
+            // The first page is still writable, the second still readable.
+            write(c.r.base, 1);
+            write(c.r.base + c.page - 8, 2);
+            assert_eq!(read(c.r.base), 1);
+            assert_eq!(read(c.r.base + c.page - 8), 2);
+            assert_eq!(read(c.r.base + c.page), 0);
+            if case == "per_page" {
+                faulting(|| write(c.r.base + c.page, 3));
+            }
+        }
+        other => panic!("unknown child case {other:?}"),
+    }
+    marker(&format!("CHILD_OK {case}"));
+}
