@@ -1,9 +1,413 @@
-//! `hetmem demo`: placeholder, being written.
+//! `hetmem demo`: a growable KV cache over virtual memory, the way LLM servers use it
+//! (vAttention), driven by real or trace-shaped request sizes.
+//!
+//! The cache reserves each layer's K and V buffer for `batch slots x max context` tokens and maps
+//! physical pages only as tokens arrive; see [`kvcache`] for the cache and [`server`] for the
+//! serving loop. With `--trace`, request sizes come from the Azure LLM inference trace 2023
+//! (CC-BY 4.0), Patel et al., "Splitwise", ISCA 2024, read from `../shared/data/`, never copied.
 
-/// Arguments of `hetmem demo`.
+mod kvcache;
+mod server;
+mod workload;
+
+use std::path::PathBuf;
+
+use crate::info::human;
+use kvcache::{KvCache, Layout};
+use server::{serve, Job, Stats};
+use workload::TRACE_ATTRIBUTION;
+
+/// Arguments of `hetmem demo`. Defaults: Llama-3-8B's KV cache (32 layers, 8 KV heads, head
+/// dimension 128, fp16), 16 batch slots of 8,192 tokens, 2 MiB pages, a synthetic stream shaped
+/// like the Azure conversation trace.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Transformer layers; each has one K and one V buffer.
+    #[arg(long, default_value_t = 32)]
+    layers: u32,
+    /// KV heads per layer.
+    #[arg(long, default_value_t = 8)]
+    kv_heads: u32,
+    /// Dimension of each head.
+    #[arg(long, default_value_t = 128)]
+    head_dim: u32,
+    /// Bytes per element (2 for fp16 / bf16).
+    #[arg(long, default_value_t = 2)]
+    bytes_per_element: u32,
+    /// Requests served at once (each owns one slot of every buffer).
+    #[arg(long, default_value_t = 16)]
+    batch_slots: u32,
+    /// Maximum context per request, in tokens; longer requests are clipped (and counted).
+    #[arg(long, default_value_t = 8192)]
+    max_context: u32,
+    /// Number of requests (with --trace: the first ones of the trace).
+    #[arg(long, default_value_t = 64)]
+    requests: usize,
+    /// Page size: the unit mapped at a time, one physical object each. Must be an answer of
+    /// the page-size query (64K or 2M on the host backend). Default: the query's answer for
+    /// one buffer's size (2 MiB).
+    #[arg(long)]
+    page_size: Option<String>,
+    /// Backend: host or cuda (default: $HETMEM_BACKEND, else host).
+    #[arg(long)]
+    backend: Option<String>,
+    /// Devices to spread the layers over, pipeline-style (default: all of the driver's).
+    #[arg(long)]
+    devices: Option<u32>,
+    /// Seed of the synthetic request stream.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Replay a CSV in the Azure LLM inference trace format
+    /// (TIMESTAMP,ContextTokens,GeneratedTokens), e.g.
+    /// ../shared/data/azure-llm-inference-2023/conv.csv.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+}
 
-pub fn run(_args: Args) -> Result<(), String> {
-    Err("demo not written yet".into())
+/// Checks `1 <= v <= max` (the caps keep bookkeeping allocations sane on absurd input).
+fn in_range(v: u64, max: u64, what: &str) -> Result<(), String> {
+    if v == 0 || v > max {
+        return Err(format!(
+            "--{what} {v} is out of range: 1 to {}",
+            thousands(max)
+        ));
+    }
+    Ok(())
+}
+
+/// `1234567` as `1,234,567`.
+fn thousands(v: u64) -> String {
+    let s = v.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        let left = s.len() - i;
+        if i > 0 && left / 3 * 3 == left {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The `q` quantile (nearest rank) of `v`, in microseconds.
+fn quantile_us(v: &mut [u64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_unstable();
+    let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+    v[i] as f64 / 1000.0
+}
+
+pub fn run(args: Args) -> Result<(), String> {
+    in_range(args.layers as u64, 1024, "layers")?;
+    in_range(args.kv_heads as u64, 1 << 16, "kv-heads")?;
+    in_range(args.head_dim as u64, 1 << 16, "head-dim")?;
+    in_range(args.bytes_per_element as u64, 64, "bytes-per-element")?;
+    in_range(args.batch_slots as u64, 1 << 16, "batch-slots")?;
+    in_range(args.requests as u64, 10_000_000, "requests")?;
+    if args.max_context < 2 {
+        return Err("--max-context must be at least 2 (a prompt token and an output token)".into());
+    }
+    let tok_bytes = args.kv_heads as u64 * args.head_dim as u64 * args.bytes_per_element as u64;
+    if tok_bytes < 8 {
+        return Err(format!(
+            "one token's K for one layer is {tok_bytes} bytes (kv heads x head dim x bytes per \
+             element); it must hold the demo's 8-byte tag"
+        ));
+    }
+    let tok_bytes = usize::try_from(tok_bytes).map_err(|_| "token size overflows".to_string())?;
+
+    // The request stream, before any memory is touched, so bad input fails fast.
+    let (reqs, source) = match &args.trace {
+        Some(path) => {
+            let r = workload::read_trace(path, args.requests)?;
+            let s = format!(
+                "{} requests of {} (in file order, the trace's arrival order)\n\
+                 attribution:  {TRACE_ATTRIBUTION}",
+                r.len(),
+                path.display()
+            );
+            (r, s)
+        }
+        None => (
+            workload::synthetic(args.requests, args.seed),
+            format!(
+                "{} synthetic requests, seed {}, shaped like the Azure conversation trace \
+                 (log-normal; median prompt 1,000 and output 130 tokens; at most 14,000 in all)",
+                args.requests, args.seed
+            ),
+        ),
+    };
+    let max = args.max_context;
+    let mut clipped = 0usize;
+    let jobs: Vec<Job> = reqs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let prompt = r.prompt.min(max - 1);
+            let total = (prompt as u64 + r.output as u64).min(max as u64) as u32;
+            if prompt as u64 + (r.output as u64) > max as u64 {
+                clipped += 1;
+            }
+            Job {
+                id: i as u64,
+                prompt,
+                total,
+            }
+        })
+        .collect();
+
+    let mut b = hetmem::RuntimeBuilder::from_env().map_err(|e| e.to_string())?;
+    if let Some(k) = &args.backend {
+        b = b.backend(hetmem::BackendKind::parse(k).map_err(|e| e.to_string())?);
+    }
+    let rt = b.build().map_err(|e| e.to_string())?;
+    let drv = rt.driver();
+    let ctx = drv.create_context().map_err(|e| e.to_string())?;
+    let all = drv.devices();
+    let ndev = args.devices.unwrap_or(all.len() as u32);
+    if ndev == 0 || ndev as usize > all.len() || ndev > args.layers {
+        return Err(format!(
+            "--devices {ndev}: the driver has {} devices and the model {} layers; choose 1 to {}",
+            all.len(),
+            args.layers,
+            (all.len() as u32).min(args.layers)
+        ));
+    }
+    let devices: Vec<_> = all.into_iter().take(ndev as usize).collect();
+
+    // The page size: what the page-size query answers, never a literal.
+    let q = |size: usize| -> Result<usize, String> {
+        devices
+            .iter()
+            .map(|d| ctx.query_page_size(d, size).map_err(|e| e.to_string()))
+            .try_fold(0, |a, p| p.map(|p| a.max(p)))
+    };
+    let slot_bytes = args.max_context as usize * tok_bytes;
+    let page = match &args.page_size {
+        None => q((args.batch_slots as usize).saturating_mul(slot_bytes))?,
+        Some(s) => {
+            let p = hetmem::parse_bytes(s).map_err(|e| format!("--page-size: {e}"))?;
+            let p = usize::try_from(p).map_err(|_| format!("--page-size {s} is too large"))?;
+            let (small, large) = (q(1)?, q(usize::MAX / 2)?);
+            if p == 0 || q(p)? != p {
+                return Err(format!(
+                    "--page-size {s} ({p} bytes) is not a page size the page-size query answers; \
+                     choose {} or {}",
+                    human(small as u64),
+                    human(large as u64)
+                ));
+            }
+            p
+        }
+    };
+
+    let layout = Layout {
+        layers: args.layers,
+        tok_bytes,
+        slots: args.batch_slots as usize,
+        max_context: args.max_context,
+        page,
+    };
+    let mut cache = KvCache::new(ctx.clone(), devices.clone(), layout)?;
+    let nbufs = cache.buffers();
+    let token_all = tok_bytes * nbufs;
+    let capacity: u64 = devices.iter().map(|d| d.info().capacity).sum();
+
+    println!("hetmem demo: a growable KV cache over virtual memory (vAttention-style)");
+    println!("input:        {source}");
+    println!(
+        "model:        {} layers x {} KV heads x head dim {} x {} B: {} per token per layer \
+         for K and as much for V, {} per token",
+        args.layers,
+        args.kv_heads,
+        args.head_dim,
+        args.bytes_per_element,
+        human(tok_bytes as u64),
+        human(token_all as u64)
+    );
+    let split: Vec<String> = cache
+        .device_layers()
+        .iter()
+        .map(|(d, a, b)| format!("layers {a}-{b} on device {d}"))
+        .collect();
+    println!(
+        "backend:      {}, {} device(s) of {} ({} in all): {}",
+        drv.backend_kind().name(),
+        devices.len(),
+        human(devices[0].info().capacity),
+        human(capacity),
+        split.join(", ")
+    );
+    println!(
+        "cache:        {} buffers, each {} slots x {} tokens = {} reserved ({} in all); \
+         page {} ({} tokens per page per buffer)",
+        nbufs,
+        args.batch_slots,
+        thousands(args.max_context as u64),
+        human(cache.buffer_bytes as u64),
+        human(cache.buffer_bytes as u64 * nbufs as u64),
+        human(page as u64),
+        thousands((page / tok_bytes) as u64)
+    );
+
+    let result = serve(&mut cache, &jobs, args.batch_slots as usize, token_all);
+    let created: usize = cache.created.iter().sum();
+    let stats = match result {
+        Ok(s) => s,
+        Err(e) => {
+            drop(cache); // the context's teardown releases what is still mapped
+            return Err(e);
+        }
+    };
+    let mut map_ns = std::mem::take(&mut cache.map_ns);
+    let mut unmap_ns = std::mem::take(&mut cache.unmap_ns);
+    cache.destroy()?;
+    let vs = drv.vm_stats();
+    if vs.reservations != 0 || vs.physical_objects != 0 || vs.mapped_runs != 0 {
+        return Err(format!(
+            "after the run {} reservations, {} physical objects and {} mappings are left",
+            vs.reservations, vs.physical_objects, vs.mapped_runs
+        ));
+    }
+
+    report(
+        &args,
+        &stats,
+        clipped,
+        created,
+        page,
+        token_all,
+        &mut map_ns,
+        &mut unmap_ns,
+    );
+    match stats.first_bad {
+        None => {
+            println!(
+                "verification: OK ({} tags checked)",
+                thousands(stats.tags_checked)
+            );
+            Ok(())
+        }
+        Some(b) => {
+            println!(
+                "verification: FAILED at {:#x} (request {}, layer {}, token {}) in the {} cache; \
+                 {} sequence(s) failed, {} tags checked OK",
+                b.addr,
+                b.request,
+                b.layer,
+                b.token,
+                b.kv.name(),
+                stats.failed_checks,
+                thousands(stats.tags_checked)
+            );
+            Err("KV cache verification failed".into())
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn report(
+    args: &Args,
+    st: &Stats,
+    clipped: usize,
+    created: usize,
+    page: usize,
+    token_all: usize,
+    map_ns: &mut [u64],
+    unmap_ns: &mut [u64],
+) {
+    let peak_phys = created as u64 * page as u64;
+    let prealloc = args.batch_slots as u64 * args.max_context as u64 * token_all as u64;
+    println!(
+        "requests:     {} served ({} clipped to {} tokens, {} preemptions)",
+        st.served,
+        clipped,
+        thousands(args.max_context as u64),
+        st.preemptions
+    );
+    println!(
+        "tokens:       {} ({} prompt + {} generated; {} recomputed after preemption) in {} steps",
+        thousands(st.prompt_tokens + st.generated_tokens),
+        thousands(st.prompt_tokens),
+        thousands(st.generated_tokens),
+        thousands(st.recomputed_tokens),
+        thousands(st.steps)
+    );
+    println!(
+        "memory:       peak physical {} ({} objects of {}, reused from a pool; peak mapped {}) \
+         vs {} to pre-allocate the maximum context per slot: {:.1}% of it ({:.1}x less)",
+        human(peak_phys),
+        thousands(created as u64),
+        human(page as u64),
+        human(st.peak_mapped as u64),
+        human(prealloc),
+        100.0 * peak_phys as f64 / prealloc as f64,
+        prealloc as f64 / peak_phys.max(1) as f64
+    );
+    let at_peak = if st.peak_mapped == 0 {
+        0.0
+    } else {
+        100.0 * (st.peak_mapped - st.used_at_peak) as f64 / st.peak_mapped as f64
+    };
+    let avg = if st.sum_mapped == 0 {
+        0.0
+    } else {
+        100.0 * st.sum_unused as f64 / st.sum_mapped as f64
+    };
+    println!(
+        "fragmentation: {at_peak:.1}% of mapped bytes allocated but unused at peak mapped; \
+         {avg:.1}% averaged over steps (internal, {} pages)",
+        human(page as u64)
+    );
+    let (nm, nu) = (map_ns.len(), unmap_ns.len());
+    println!(
+        "map:          p50 {:.1} us, p99 {:.1} us ({} calls of one {} page)",
+        quantile_us(map_ns, 0.5),
+        quantile_us(map_ns, 0.99),
+        thousands(nm as u64),
+        human(page as u64)
+    );
+    println!(
+        "unmap:        p50 {:.1} us, p99 {:.1} us ({} calls of one {} page)",
+        quantile_us(unmap_ns, 0.5),
+        quantile_us(unmap_ns, 0.99),
+        thousands(nu as u64),
+        human(page as u64)
+    );
+    if let Some(first) = &st.first_refusal {
+        println!(
+            "capacity:     {} page(s) refused (preempting or delaying requests); first: {first}",
+            thousands(st.refusals)
+        );
+    }
+    let secs = st.wall.as_secs_f64().max(1e-9);
+    println!(
+        "throughput:   {} tokens/s, {:.1} requests/s ({:.2} s wall)",
+        thousands(((st.prompt_tokens + st.generated_tokens) as f64 / secs) as u64),
+        st.served as f64 / secs,
+        secs
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_groups_digits_by_three() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(1234567), "1,234,567");
+    }
+
+    #[test]
+    fn quantile_is_nearest_rank() {
+        let mut v: Vec<u64> = (1..=100).map(|x| x * 1000).collect();
+        assert_eq!(quantile_us(&mut v, 0.5), 50.0);
+        assert_eq!(quantile_us(&mut v, 0.99), 99.0);
+        assert_eq!(quantile_us(&mut [], 0.5), 0.0);
+    }
 }

@@ -203,12 +203,22 @@ impl KvCache {
             .collect()
     }
 
+    /// The page size: the unit of mapping, one physical object each.
+    pub fn page(&self) -> usize {
+        self.layout.page
+    }
+
+    /// Number of buffers (K and V of every layer).
+    pub fn buffers(&self) -> usize {
+        self.bases.len()
+    }
+
     fn nbufs(&self) -> usize {
         self.bases.len()
     }
 
     fn buf_kv(b: usize) -> (u32, Kv) {
-        ((b / 2) as u32, if b % 2 == 0 { Kv::K } else { Kv::V })
+        ((b / 2) as u32, [Kv::K, Kv::V][b & 1])
     }
 
     fn slot_base(&self, b: usize, slot: usize) -> usize {
@@ -228,6 +238,19 @@ impl KvCache {
     /// Pages needed per buffer for `tokens` tokens.
     pub fn pages_for(&self, tokens: u32) -> usize {
         (tokens as usize * self.layout.tok_bytes).div_ceil(self.layout.page)
+    }
+
+    /// Whether `tokens` more tokens' pages (from empty) fit in the pools plus the devices' free
+    /// capacity. OS limits (open files, mappings) are not foreseen here; they show as errors.
+    pub fn room_for(&self, tokens: u32) -> bool {
+        let pages = self.pages_for(tokens) as u64;
+        let page = self.layout.page as u64;
+        (0..self.devices.len()).all(|d| {
+            let bufs = self.buf_dev.iter().filter(|&&x| x == d).count() as u64;
+            let dev = &self.devices[d];
+            let free = dev.info().capacity.saturating_sub(dev.used_memory()) / page;
+            pages * bufs <= self.pools[d].len() as u64 + free
+        })
     }
 
     /// A physical object on device `d`: from the pool, else a new one.
@@ -256,7 +279,9 @@ impl KvCache {
                 let phys = self.acquire(d)?;
                 let addr = self.slot_base(b, seq.slot) + seq.pages[b].len() * page;
                 let t = Instant::now();
-                let r = self.ctx.map(addr, page, phys, 0, AccessAttribute::ReadWrite);
+                let r = self
+                    .ctx
+                    .map(addr, page, phys, 0, AccessAttribute::ReadWrite);
                 self.map_ns.push(t.elapsed().as_nanos() as u64);
                 if let Err(e) = r {
                     self.pools[d].push(phys);
@@ -401,7 +426,10 @@ mod tests {
         let victim = c.slot_base(3, 1) + 7 * 2048;
         unsafe { (victim as *mut u64).write(0) };
         let bad = c.verify(&s).unwrap_err();
-        assert_eq!((bad.addr, bad.layer, bad.kv, bad.token), (victim, 1, Kv::V, 7));
+        assert_eq!(
+            (bad.addr, bad.layer, bad.kv, bad.token),
+            (victim, 1, Kv::V, 7)
+        );
         c.release(&mut s).unwrap();
         assert_eq!(c.mapped_bytes, 0);
         let created: usize = c.created.iter().sum();
@@ -413,6 +441,9 @@ mod tests {
         c.release(&mut s2).unwrap();
         c.destroy().unwrap();
         let st = rt.driver().vm_stats();
-        assert_eq!((st.reservations, st.physical_objects, st.mapped_runs), (0, 0, 0));
+        assert_eq!(
+            (st.reservations, st.physical_objects, st.mapped_runs),
+            (0, 0, 0)
+        );
     }
 }

@@ -39,9 +39,20 @@ pub struct Stats {
     pub sum_mapped: u128,
     pub sum_unused: u128,
     pub tags_checked: u64,
-    pub bad_tags: u64,
+    /// Sequences whose verification failed.
+    pub failed_checks: u64,
     pub first_bad: Option<BadTag>,
     pub wall: Duration,
+    /// Times a device or OS limit refused a page, and the first refusal.
+    pub refusals: u64,
+    pub first_refusal: Option<String>,
+}
+
+impl Stats {
+    fn note_refusal(&mut self, e: &hetmem::Error) {
+        self.refusals += 1;
+        self.first_refusal.get_or_insert_with(|| e.to_string());
+    }
 }
 
 struct Waiting {
@@ -69,6 +80,8 @@ pub fn serve(
     // Running requests in admission order: the last is the most recently admitted.
     let mut running: Vec<Running> = Vec::new();
     let mut free_slots: Vec<usize> = (0..slots).rev().collect();
+    // Set when admission was refused memory; cleared when a request releases its pages.
+    let mut admission_blocked = false;
 
     let too_big = |cache: &KvCache, job: &Job, e: &hetmem::Error| {
         let pages = cache.pages_for(job.total);
@@ -91,10 +104,14 @@ pub fn serve(
         let mut progress = false;
 
         // Admit waiting requests into free slots; the prompt (or, after a preemption, every
-        // token it had) arrives at once.
+        // token it had) arrives at once. A prompt that would not fit waits (unless nothing runs:
+        // then trying it gives the error), and after a refusal admission waits for a release.
         while let (Some(&slot), Some(w)) = (free_slots.last(), queue.front()) {
             let job = w.job;
             let len = w.done.max(job.prompt);
+            if !running.is_empty() && (admission_blocked || !cache.room_for(len)) {
+                break;
+            }
             let mut seq = cache.seq(job.id, slot);
             match cache.extend(&mut seq, len) {
                 Ok(()) => {
@@ -105,7 +122,9 @@ pub fn serve(
                     progress = true;
                 }
                 Err(e) if is_capacity(&e) => {
+                    st.note_refusal(&e);
                     cache.release(&mut seq)?;
+                    admission_blocked = true;
                     if running.is_empty() {
                         return Err(too_big(cache, &job, &e));
                     }
@@ -118,10 +137,8 @@ pub fn serve(
         // Decode: each running request generates one token.
         let order: Vec<u64> = running.iter().map(|r| r.job.id).collect();
         for id in order {
-            loop {
-                let Some(i) = running.iter().position(|r| r.job.id == id) else {
-                    break; // preempted earlier in this step
-                };
+            // Gone from `running` when preempted earlier in this step.
+            while let Some(i) = running.iter().position(|r| r.job.id == id) {
                 let r = &mut running[i];
                 if r.seq.tokens >= r.job.total {
                     break;
@@ -133,19 +150,22 @@ pub fn serve(
                         break;
                     }
                     Err(e) if is_capacity(&e) => {
+                        st.note_refusal(&e);
                         let Some(v) = running.iter().rposition(|r| r.job.id != id) else {
                             let job = running[i].job;
                             return Err(too_big(cache, &job, &e));
                         };
                         let mut victim = running.remove(v);
                         check(cache, &victim.seq, &mut st);
+                        let done = victim.seq.tokens;
                         cache.release(&mut victim.seq)?;
                         free_slots.push(victim.seq.slot);
                         queue.push_front(Waiting {
                             job: victim.job,
-                            done: victim.seq.tokens_before_release(),
+                            done,
                         });
                         st.preemptions += 1;
+                        admission_blocked = false;
                     }
                     Err(e) => return Err(format!("growing request {id}: {e}")),
                 }
@@ -177,6 +197,7 @@ pub fn serve(
             cache.release(&mut r.seq)?;
             free_slots.push(r.seq.slot);
             st.served += 1;
+            admission_blocked = false;
             st.prompt_tokens += r.job.prompt as u64;
             st.generated_tokens += (r.job.total - r.job.prompt) as u64;
             progress = true;
@@ -199,7 +220,7 @@ fn check(cache: &KvCache, seq: &Seq, st: &mut Stats) {
     match cache.verify(seq) {
         Ok(n) => st.tags_checked += n,
         Err(bad) => {
-            st.bad_tags += 1;
+            st.failed_checks += 1;
             st.first_bad.get_or_insert(bad);
         }
     }

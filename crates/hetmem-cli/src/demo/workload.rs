@@ -49,9 +49,9 @@ pub fn parse_trace(text: &str, limit: usize) -> Result<Vec<Request>, String> {
         }
         let fields: Vec<&str> = line.split(',').map(str::trim).collect();
         let num = |col: usize, what: &str| -> Result<u32, String> {
-            let f = fields.get(col).ok_or_else(|| {
-                format!("line {}: {what} missing in {line:?}", i + 1)
-            })?;
+            let f = fields
+                .get(col)
+                .ok_or_else(|| format!("line {}: {what} missing in {line:?}", i + 1))?;
             f.parse::<u32>()
                 .map_err(|_| format!("line {}: {what} {f:?} is not a token count", i + 1))
         };
@@ -185,11 +185,7 @@ mod tests {
     fn trace_with_bad_header_or_field_is_an_error_naming_the_line() {
         let e = parse_trace("a,b,c\n1,2,3\n", 10).unwrap_err();
         assert!(e.contains("line 1"), "{e}");
-        let e = parse_trace(
-            "TIMESTAMP,ContextTokens,GeneratedTokens\nx,12,y\n",
-            10,
-        )
-        .unwrap_err();
+        let e = parse_trace("TIMESTAMP,ContextTokens,GeneratedTokens\nx,12,y\n", 10).unwrap_err();
         assert!(e.contains("line 2") && e.contains("GeneratedTokens"), "{e}");
         let e = parse_trace("TIMESTAMP,ContextTokens,GeneratedTokens\n", 10).unwrap_err();
         assert!(e.contains("no requests"), "{e}");
