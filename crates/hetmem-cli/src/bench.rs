@@ -69,10 +69,12 @@ pub fn run(args: Args) -> Result<(), String> {
 }
 
 fn print_table(group: &str, rows: &[Row]) {
-    println!("hetmem bench {group} (ns per operation, median of rounds; ratio = hetmem / baseline)");
     println!(
-        "{:<22} {:>7} {:>12} {:>12} {:>7}  {:<44} {}",
-        "operation", "size", "hetmem", "baseline", "ratio", "baseline is", "target"
+        "hetmem bench {group} (ns per operation, median of rounds; ratio = hetmem / baseline)"
+    );
+    println!(
+        "{:<22} {:>7} {:>12} {:>12} {:>7}  {:<44} target",
+        "operation", "size", "hetmem", "baseline", "ratio", "baseline is"
     );
     for r in rows {
         let (b, ratio) = match r.baseline_ns {
@@ -289,8 +291,14 @@ fn map_unmap(ctx: &Context, dev: &Device, args: &Args, page: usize) -> Result<Ve
     let hetmem_phase = || -> Result<(f64, f64), String> {
         let t = Instant::now();
         for i in 0..n {
-            ctx.map(res.base + 2 * i * page, page, phys, 0, AccessAttribute::ReadWrite)
-                .map_err(e2s)?;
+            ctx.map(
+                res.base + 2 * i * page,
+                page,
+                phys,
+                0,
+                AccessAttribute::ReadWrite,
+            )
+            .map_err(e2s)?;
         }
         let m = t.elapsed().as_nanos() as f64 / n as f64;
         let t = Instant::now();
@@ -382,8 +390,14 @@ fn set_access(ctx: &Context, dev: &Device, args: &Args, page: usize) -> Result<R
     let raw_base = raw_reserve(span, page)?;
     let fd = raw_memfd(page)?;
     for i in 0..n {
-        ctx.map(res.base + 2 * i * page, page, phys, 0, AccessAttribute::ReadWrite)
-            .map_err(e2s)?;
+        ctx.map(
+            res.base + 2 * i * page,
+            page,
+            phys,
+            0,
+            AccessAttribute::ReadWrite,
+        )
+        .map_err(e2s)?;
         // SAFETY: inside our raw reservation.
         unsafe {
             rustix::mm::mmap(
@@ -403,10 +417,15 @@ fn set_access(ctx: &Context, dev: &Device, args: &Args, page: usize) -> Result<R
         args.rounds,
         || {
             flip = !flip;
-            let a = if flip { AccessAttribute::ReadOnly } else { AccessAttribute::ReadWrite };
+            let a = if flip {
+                AccessAttribute::ReadOnly
+            } else {
+                AccessAttribute::ReadWrite
+            };
             let t = Instant::now();
             for i in 0..n {
-                ctx.set_access_attribute(res.base + 2 * i * page, page, a).map_err(e2s)?;
+                ctx.set_access_attribute(res.base + 2 * i * page, page, a)
+                    .map_err(e2s)?;
             }
             Ok(t.elapsed().as_nanos() as f64 / n as f64)
         },
@@ -454,10 +473,13 @@ fn get_access_live(ctx: &Context, dev: &Device, live: usize, n: usize) -> Result
         .create_physical_memory(Some(dev), PhysicalMemoryFlags::AllocateOnDevice, page)
         .map_err(e2s)?;
     for i in 0..live {
-        let a = if i % 2 == 0 { AccessAttribute::ReadWrite } else { AccessAttribute::ReadOnly };
-        ctx.map(res.base + i * page, page, phys, 0, a).map_err(|e| {
-            format!("mapping {i} of {live} for the get-access benchmark: {e}")
-        })?;
+        let a = if i % 2 == 0 {
+            AccessAttribute::ReadWrite
+        } else {
+            AccessAttribute::ReadOnly
+        };
+        ctx.map(res.base + i * page, page, phys, 0, a)
+            .map_err(|e| format!("mapping {i} of {live} for the get-access benchmark: {e}"))?;
     }
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let mut rounds = Vec::new();
@@ -469,7 +491,10 @@ fn get_access_live(ctx: &Context, dev: &Device, live: usize, n: usize) -> Result
             x ^= x >> 7;
             x ^= x << 17;
             let i = (x % live as u64) as usize;
-            black_box(ctx.get_access_attribute(res.base + i * page, page).map_err(e2s)?);
+            black_box(
+                ctx.get_access_attribute(res.base + i * page, page)
+                    .map_err(e2s)?,
+            );
         }
         rounds.push(t.elapsed().as_nanos() as f64 / calls as f64);
     }

@@ -20,7 +20,7 @@ pub fn human(b: u64) -> String {
     ];
     for (u, name) in UNITS {
         if b >= u {
-            return if b % u == 0 {
+            return if b.is_multiple_of(u) {
                 format!("{} {name}", b / u)
             } else {
                 format!("{:.1} {name}", b as f64 / u as f64)

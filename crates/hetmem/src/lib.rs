@@ -6,7 +6,9 @@
 //!
 //! Layers, each calling only the one below:
 //! - safe API: [`Runtime`], [`Driver`], [`Device`], [`Context`];
-//! - semantics ([`vmm`]): every spec rule, validation, error selection and bookkeeping;
+//! - semantics ([`vmm`] for virtual memory, [`usm`] for host / device / shared allocations,
+//!   imports of system memory and their queries): every spec rule, validation, error selection
+//!   and bookkeeping;
 //! - backend trait ([`backend::Backend`]): raw operations, no spec logic;
 //! - backends ([`backend::host`]).
 //!
@@ -27,13 +29,16 @@
 //! ```
 
 pub mod backend;
+mod capacity;
 pub mod driver;
 pub mod error;
 pub mod ranges;
+pub mod usm;
 pub mod vmm;
 
 pub use driver::{parse_bytes, BackendKind, Context, Device, Driver, Runtime, RuntimeBuilder};
 pub use error::{Error, Result};
+pub use usm::{AllocDesc, AllocationProperties, CompressionHint, MemoryType, UsmStats};
 pub use vmm::{
     page_size_for, AccessAttribute, DeviceUsage, PhysicalMemory, PhysicalMemoryFlags, Reservation,
     VmStats,

@@ -23,8 +23,10 @@
 //! `InvalidArgument`. A failed call changes nothing.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::backend::{Backend, PhysicalLocation, Protection, RawPhysical};
+use crate::capacity::DeviceMemory;
 use crate::error::{Addr, Error, Result};
 use crate::ranges::{RangeMap, Splittable};
 
@@ -200,17 +202,25 @@ pub struct VmStats {
     pub host_physical_bytes: u64,
 }
 
+/// What [`VmState::pointer_info`] finds at an address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct VmPointer {
+    /// `(base, size)` of the reservation containing the address.
+    pub reservation: (usize, usize),
+    /// `(physical id, location, page size of the object)` if the address's page is mapped.
+    pub mapped: Option<(u64, PhysicalLocation, usize)>,
+}
+
 /// The bookkeeping of one driver's virtual memory. Guarded by the driver's lock.
 #[derive(Debug)]
 pub(crate) struct VmState {
     reservations: std::collections::BTreeMap<usize, ReservationRec>,
     mapped: RangeMap<Mapped>,
     physical: HashMap<u64, PhysicalRec>,
-    used: Vec<u64>,
-    capacity: Vec<u64>,
+    /// Device capacity and ids, shared with the USM state ([`crate::usm`]).
+    devmem: Arc<DeviceMemory>,
     min_page: Vec<usize>,
     host_used: u64,
-    next_id: u64,
 }
 
 fn null_check(ptr: usize, what: &str) -> Result<()> {
@@ -228,17 +238,15 @@ fn nonzero(size: usize, what: &str) -> Result<()> {
 }
 
 impl VmState {
-    pub(crate) fn new(backend: &dyn Backend) -> VmState {
+    pub(crate) fn new(backend: &dyn Backend, devmem: Arc<DeviceMemory>) -> VmState {
         let d = backend.devices();
         VmState {
             reservations: Default::default(),
             mapped: RangeMap::new(),
             physical: HashMap::new(),
-            used: vec![0; d.len()],
-            capacity: d.iter().map(|d| d.capacity).collect(),
+            devmem,
             min_page: d.iter().map(|d| d.min_page_size).collect(),
             host_used: 0,
-            next_id: 1,
         }
     }
 
@@ -255,10 +263,10 @@ impl VmState {
 
     fn device_index(&self, ordinal: u32) -> Result<usize> {
         let i = ordinal as usize;
-        if i >= self.capacity.len() {
+        if i >= self.devmem.len() {
             return Err(Error::InvalidNullHandle(format!(
                 "device {ordinal} does not exist ({} devices)",
-                self.capacity.len()
+                self.devmem.len()
             )));
         }
         Ok(i)
@@ -297,13 +305,13 @@ impl VmState {
 
     fn check_base_aligned(&self, ptr: usize, size: usize) -> Result<()> {
         let page = self.base_page();
-        if ptr % page != 0 {
+        if !ptr.is_multiple_of(page) {
             return Err(Error::UnsupportedAlignment(format!(
                 "address {} is not aligned to the {page:#x}-byte page",
                 Addr(ptr)
             )));
         }
-        if size % page != 0 {
+        if !size.is_multiple_of(page) {
             return Err(Error::UnsupportedSize(format!(
                 "size {size:#x} is not a multiple of the {page:#x}-byte page"
             )));
@@ -321,12 +329,12 @@ impl VmState {
     ) -> Result<Reservation> {
         nonzero(size, "reservation size")?;
         let page = self.page_size(size);
-        if size % page != 0 {
+        if !size.is_multiple_of(page) {
             return Err(Error::UnsupportedSize(format!(
                 "reservation size {size:#x} is not a multiple of its page size {page:#x}"
             )));
         }
-        let hint = (hint != 0 && hint % page == 0).then_some(hint);
+        let hint = (hint != 0 && hint.is_multiple_of(page)).then_some(hint);
         // SAFETY: the backend only creates a new placeholder; it never replaces a mapping.
         let base = unsafe { backend.reserve(hint, size, page)? };
         self.reservations
@@ -415,27 +423,26 @@ impl VmState {
             }
             PhysicalLocation::Host => self.page_size(size),
         };
-        if size % page != 0 {
+        if !size.is_multiple_of(page) {
             return Err(Error::UnsupportedSize(format!(
                 "physical memory size {size:#x} is not a multiple of its page size {page:#x}"
             )));
         }
         if let PhysicalLocation::Device(d) = location {
-            let i = d as usize;
-            let free = self.capacity[i] - self.used[i];
-            if size as u64 > free {
-                return Err(Error::OutOfDeviceMemory(format!(
-                    "device {d} has {free:#x} bytes free of {:#x}; {size:#x} asked",
-                    self.capacity[i]
-                )));
-            }
+            self.devmem.take(d as usize, size as u64)?;
         }
-        let raw = backend.create_physical(location, size)?;
-        let id = self.next_id;
-        self.next_id += 1;
-        match location {
-            PhysicalLocation::Device(d) => self.used[d as usize] += size as u64,
-            PhysicalLocation::Host => self.host_used += size as u64,
+        let raw = match backend.create_physical(location, size) {
+            Ok(raw) => raw,
+            Err(e) => {
+                if let PhysicalLocation::Device(d) = location {
+                    self.devmem.give_back(d as usize, size as u64);
+                }
+                return Err(e);
+            }
+        };
+        let id = self.devmem.next_id();
+        if location == PhysicalLocation::Host {
+            self.host_used += size as u64;
         }
         self.physical.insert(
             id,
@@ -475,7 +482,7 @@ impl VmState {
         }
         let p = self.physical.remove(&id).expect("checked");
         match p.location {
-            PhysicalLocation::Device(d) => self.used[d as usize] -= p.size as u64,
+            PhysicalLocation::Device(d) => self.devmem.give_back(d as usize, p.size as u64),
             PhysicalLocation::Host => self.host_used -= p.size as u64,
         }
         // SAFETY: the object is not mapped and is forgotten here.
@@ -498,18 +505,18 @@ impl VmState {
         null_check(ptr, "map address")?;
         nonzero(size, "map size")?;
         let page = self.page_size(size);
-        if size % page != 0 {
+        if !size.is_multiple_of(page) {
             return Err(Error::UnsupportedSize(format!(
                 "map size {size:#x} is not a multiple of its page size {page:#x}"
             )));
         }
-        if ptr % page != 0 {
+        if !ptr.is_multiple_of(page) {
             return Err(Error::UnsupportedAlignment(format!(
                 "map address {} is not aligned to the page size {page:#x} of a {size:#x}-byte map",
                 Addr(ptr)
             )));
         }
-        if offset % page != 0 {
+        if !offset.is_multiple_of(page) {
             return Err(Error::UnsupportedAlignment(format!(
                 "physical offset {offset:#x} is not aligned to the page size {page:#x}"
             )));
@@ -706,14 +713,36 @@ impl VmState {
             physical_objects: self.physical.len(),
             mapped_runs: self.mapped.len(),
             mapped_bytes: self.mapped.iter().map(|(s, e)| e.end - s).sum(),
-            devices: self
-                .used
-                .iter()
-                .zip(&self.capacity)
-                .map(|(&used, &capacity)| DeviceUsage { used, capacity })
+            devices: (0..self.devmem.len())
+                .map(|i| DeviceUsage {
+                    used: self.devmem.used(i),
+                    capacity: self.devmem.capacity(i),
+                })
                 .collect(),
             host_physical_bytes: self.host_used,
         }
+    }
+
+    /// What lies at `ptr`, for `zeMemGetAllocProperties` / `zeMemGetAddressRange` (any context):
+    /// the reservation containing it and, if its page is mapped, the physical object there.
+    pub(crate) fn pointer_info(&self, ptr: usize) -> Option<VmPointer> {
+        let (&base, r) = self.reservations.range(..=ptr).next_back()?;
+        if ptr >= base + r.size {
+            return None;
+        }
+        let mapped = self.mapped.get(ptr).and_then(|(_, e)| {
+            let p = self.physical.get(&e.value.phys)?;
+            Some((e.value.phys, p.location, self.page_size(p.size)))
+        });
+        Some(VmPointer {
+            reservation: (base, r.size),
+            mapped,
+        })
+    }
+
+    /// Whether any reservation overlaps `[start, end)` (imports of system memory must not).
+    pub(crate) fn reservation_overlaps(&self, start: usize, end: usize) -> bool {
+        matches!(self.reservations.range(..end).next_back(), Some((&b, r)) if b + r.size > start)
     }
 
     /// The raw backend handle and size of a physical object (for the demo and later IPC).

@@ -6,8 +6,8 @@
 //!   every argument against the spec (alignment, ranges, overlap, capacity, enumerations), so a
 //!   backend never decides a spec error code;
 //! - **fallible only for what the caller cannot anticipate**: out of memory, an OS limit, a lost
-//!   device. Those come back as [`Error::OutOfHostMemory`] / [`Error::OutOfDeviceMemory`] /
-//!   [`Error::Unknown`] with a message naming the limit or the failing call.
+//!   device. Those come back as [`crate::Error::OutOfHostMemory`] / [`crate::Error::OutOfDeviceMemory`] /
+//!   [`crate::Error::Unknown`] with a message naming the limit or the failing call.
 //!
 //! Each method names the CUDA driver call the cuda backend maps it to.
 
@@ -54,6 +54,23 @@ pub enum Protection {
     /// Read only.
     ReadOnly,
 }
+
+/// Where a USM allocation (`zeMemAlloc{Device,Host,Shared}`) lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AllocLocation {
+    /// Device memory of device `ordinal` (`zeMemAllocDevice`).
+    Device(u32),
+    /// Host memory reachable by every device (`zeMemAllocHost`).
+    Host,
+    /// Shared memory, reachable from the host and every device, associated with a device if
+    /// given (`zeMemAllocShared`).
+    Shared(Option<u32>),
+}
+
+/// A backend's own handle for a USM allocation: on the host backend an owned memfd number, on
+/// CUDA the `CUdeviceptr`. Only the backend that made it interprets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RawAllocation(pub u64);
 
 /// The raw operations a platform provides. See the module docs for the contract.
 ///
@@ -154,6 +171,53 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// # Safety
     /// Every page of the range is mapped.
     unsafe fn unmap(&self, addr: usize, size: usize) -> Result<()>;
+
+    /// Allocates `size` bytes of USM memory at `location`, readable and writable from the host,
+    /// at an address aligned to `align` (a power of two, at least the OS page); `size` is a
+    /// multiple of the OS page. Returns the address and the backend's handle.
+    ///
+    /// CUDA: `cuMemAlloc` (device), `cuMemAllocHost` (host), `cuMemAllocManaged` (shared).
+    /// Host: a sealed memfd (`memfd_create`, `ftruncate`, `F_ADD_SEALS`) mapped `MAP_SHARED`
+    /// read-write over an aligned placeholder (`mmap(MAP_FIXED)`).
+    fn alloc(
+        &self,
+        location: AllocLocation,
+        size: usize,
+        align: usize,
+    ) -> Result<(usize, RawAllocation)>;
+
+    /// Frees an allocation made by [`Backend::alloc`].
+    ///
+    /// CUDA: `cuMemFree` / `cuMemFreeHost`. Host: `munmap` + `close`.
+    ///
+    /// # Safety
+    /// `(addr, size, raw)` is exactly what one live [`Backend::alloc`] returned and was given;
+    /// nothing uses the memory afterwards.
+    unsafe fn free_alloc(&self, addr: usize, size: usize, raw: RawAllocation);
+
+    /// The protection of the process's own memory `[addr, addr+size)`: `None` if any byte of it
+    /// is not mapped; otherwise the weakest protection over the range (`Protection::None` if
+    /// any page cannot be read, `ReadOnly` if any cannot be written). Reads platform state
+    /// only; used to vet imports of system memory.
+    ///
+    /// CUDA and host: `/proc/self/maps`.
+    fn query_host_protection(&self, addr: usize, size: usize) -> Option<Protection>;
+
+    /// Makes system memory `[addr, addr+size)` (page-aligned, mapped, not registered yet)
+    /// reachable by the devices, read-only for them if `read_only`. The memory itself is not
+    /// changed.
+    ///
+    /// CUDA: `cuMemHostRegister` (`CU_MEMHOSTREGISTER_READ_ONLY` if `read_only`). Host: nothing
+    /// to do, devices are threads of this process.
+    fn register_host(&self, addr: usize, size: usize, read_only: bool) -> Result<()>;
+
+    /// Undoes [`Backend::register_host`]; the memory and its contents stay.
+    ///
+    /// CUDA: `cuMemHostUnregister`. Host: nothing.
+    ///
+    /// # Safety
+    /// The range was registered and nothing on a device uses it any more.
+    unsafe fn unregister_host(&self, addr: usize, size: usize);
 
     /// Changes the protection of mapped pages `[addr, addr+size)`.
     ///

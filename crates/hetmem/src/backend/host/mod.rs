@@ -11,6 +11,10 @@
 //! | map | `mmap(MAP_SHARED \| MAP_FIXED, memfd, offset)` |
 //! | unmap | `mmap(PROT_NONE, MAP_FIXED \| MAP_NORESERVE)` (the placeholder comes back) |
 //! | protect | `mprotect(2)` |
+//! | alloc (USM) | `memfd_create`, `ftruncate`, `F_ADD_SEALS`, placeholder `mmap`, `mmap(MAP_SHARED \| MAP_FIXED)` |
+//! | free alloc | `munmap(2)`, `close(2)` |
+//! | host protection | reads `/proc/self/maps` |
+//! | register / unregister host | nothing (devices are threads of this process) |
 //!
 //! A physical object is its own memfd, sealed against grow and shrink (and against further seal
 //! changes), so that nobody holding the fd can change its size under a mapping.
@@ -21,7 +25,9 @@ use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::io::Errno;
 use rustix::mm::{MapFlags, MprotectFlags, ProtFlags};
 
-use super::{Backend, DeviceInfo, PhysicalLocation, Protection, RawPhysical};
+use super::{
+    AllocLocation, Backend, DeviceInfo, PhysicalLocation, Protection, RawAllocation, RawPhysical,
+};
 use crate::error::{Error, Result};
 
 /// Configuration of the host backend's virtual devices.
@@ -71,7 +77,7 @@ pub fn raise_fd_limit() -> u64 {
     let mut lim = getrlimit(Resource::Nofile);
     if lim.current != lim.maximum {
         lim.current = lim.maximum;
-        let _ = setrlimit(Resource::Nofile, lim.clone());
+        let _ = setrlimit(Resource::Nofile, lim);
     }
     getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
 }
@@ -335,6 +341,52 @@ impl Backend for HostBackend {
         .map_err(|e| os_error("mmap(PROT_NONE, MAP_FIXED) to unmap", e))
     }
 
+    fn alloc(
+        &self,
+        _location: AllocLocation,
+        size: usize,
+        align: usize,
+    ) -> Result<(usize, RawAllocation)> {
+        let fd = sealed_memfd(size)?;
+        // SAFETY: a fresh placeholder chosen by the kernel; replaces nothing.
+        let addr = unsafe { reserve_placeholder(None, size, align)? };
+        // SAFETY: MAP_FIXED over our own fresh placeholder; the memfd is `size` bytes.
+        let r = unsafe {
+            rustix::mm::mmap(
+                addr as *mut _,
+                size,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED | MapFlags::FIXED,
+                &fd,
+                0,
+            )
+        };
+        if let Err(e) = r {
+            // SAFETY: the placeholder (or what is left of it) is ours.
+            unsafe { rustix::mm::munmap(addr as *mut _, size).ok() };
+            return Err(os_error("mmap(MAP_SHARED | MAP_FIXED) of an allocation", e));
+        }
+        Ok((addr, RawAllocation(fd.into_raw_fd() as u64)))
+    }
+
+    unsafe fn free_alloc(&self, addr: usize, size: usize, raw: RawAllocation) {
+        // SAFETY: the caller passes one live allocation of ours and gives up the memory.
+        unsafe {
+            rustix::mm::munmap(addr as *mut _, size).ok();
+            drop(OwnedFd::from_raw_fd(raw.0 as i32));
+        }
+    }
+
+    fn query_host_protection(&self, addr: usize, size: usize) -> Option<Protection> {
+        host_protection(addr, size)
+    }
+
+    fn register_host(&self, _addr: usize, _size: usize, _read_only: bool) -> Result<()> {
+        Ok(())
+    }
+
+    unsafe fn unregister_host(&self, _addr: usize, _size: usize) {}
+
     unsafe fn protect(&self, addr: usize, size: usize, prot: Protection) -> Result<()> {
         // SAFETY: the range is mapped pages of our own reservation.
         unsafe { rustix::mm::mprotect(addr as *mut _, size, mprotect_flags(prot)) }
@@ -350,4 +402,44 @@ pub fn open_fd_count() -> usize {
 /// Number of mappings (lines of `/proc/self/maps`) of this process.
 pub fn mapping_count() -> usize {
     std::fs::read_to_string("/proc/self/maps").map_or(0, |s| s.lines().count())
+}
+
+/// The weakest protection over `[addr, addr+size)` of this process, from `/proc/self/maps`:
+/// `None` if any byte is unmapped, `Some(Protection::None)` if any page is unreadable,
+/// `Some(ReadOnly)` if any is unwritable, else `Some(ReadWrite)`.
+pub fn host_protection(addr: usize, size: usize) -> Option<Protection> {
+    let end = addr.checked_add(size)?;
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let mut at = addr;
+    let mut prot = Protection::ReadWrite;
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        let Some((s, e)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(s), Ok(e)) = (usize::from_str_radix(s, 16), usize::from_str_radix(e, 16)) else {
+            continue;
+        };
+        if e <= at {
+            continue;
+        }
+        if s > at {
+            // A hole before this mapping (lines are sorted by address).
+            return None;
+        }
+        let p = perms.as_bytes();
+        if p.first() != Some(&b'r') {
+            prot = Protection::None;
+        } else if p.get(1) != Some(&b'w') && prot == Protection::ReadWrite {
+            prot = Protection::ReadOnly;
+        }
+        at = e;
+        if at >= end {
+            return Some(prot);
+        }
+    }
+    None
 }

@@ -1,0 +1,74 @@
+//! Device capacity and object ids shared by the virtual-memory ([`crate::vmm`]) and USM
+//! ([`crate::usm`]) semantics.
+//!
+//! Physical memory objects (`zePhysicalMemCreate`) and device / shared allocations
+//! (`zeMemAllocDevice`, `zeMemAllocShared`) draw on the same device memory, so one counter per
+//! device is charged by both. The counters are atomic, so each semantics state can charge them
+//! under its own lock without taking the other's.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::backend::DeviceInfo;
+use crate::error::{Error, Result};
+
+/// Per-device used / capacity counters (bytes) and the driver-wide id source.
+#[derive(Debug)]
+pub(crate) struct DeviceMemory {
+    capacity: Vec<u64>,
+    used: Vec<AtomicU64>,
+    next_id: AtomicU64,
+}
+
+impl DeviceMemory {
+    /// Counters for `devices`, all unused.
+    pub(crate) fn new(devices: &[DeviceInfo]) -> DeviceMemory {
+        DeviceMemory {
+            capacity: devices.iter().map(|d| d.capacity).collect(),
+            used: devices.iter().map(|_| AtomicU64::new(0)).collect(),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// Number of devices.
+    pub(crate) fn len(&self) -> usize {
+        self.capacity.len()
+    }
+
+    /// Capacity of device `i` in bytes. `i` must be a valid index.
+    pub(crate) fn capacity(&self, i: usize) -> u64 {
+        self.capacity[i]
+    }
+
+    /// Bytes of device `i` in use. `i` must be a valid index.
+    pub(crate) fn used(&self, i: usize) -> u64 {
+        self.used[i].load(Ordering::Acquire)
+    }
+
+    /// Charges `bytes` to device `i`, or fails with `OutOfDeviceMemory` (nothing charged) if
+    /// they do not fit in what is left.
+    pub(crate) fn take(&self, i: usize, bytes: u64) -> Result<()> {
+        let cap = self.capacity[i];
+        self.used[i]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(bytes).filter(|&n| n <= cap)
+            })
+            .map(|_| ())
+            .map_err(|u| {
+                Error::OutOfDeviceMemory(format!(
+                    "device {i} has {:#x} bytes free of {cap:#x}; {bytes:#x} asked",
+                    cap - u
+                ))
+            })
+    }
+
+    /// Gives back `bytes` charged earlier with [`DeviceMemory::take`].
+    pub(crate) fn give_back(&self, i: usize, bytes: u64) {
+        self.used[i].fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// A fresh id, unique for the life of the driver across physical objects, allocations and
+    /// imports; never 0.
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+}

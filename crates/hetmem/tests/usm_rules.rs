@@ -1,0 +1,519 @@
+//! One test per rule of USM allocations, their queries, compression hints, relaxed allocation
+//! limits and imports of system memory (issue 3, first part), on the host backend.
+
+use hetmem::{AccessAttribute, AllocDesc, CompressionHint, Context, Device, MemoryType};
+use hetmem::{PhysicalMemoryFlags, Runtime};
+
+const MIB: usize = 1 << 20;
+const CAPACITY: u64 = 32 << 20;
+const MAX_ALLOC: u64 = 8 << 20;
+/// The host page size the import rules are stated in (checked against the OS in `host_page`).
+const HOST_PAGE: usize = 4096;
+
+fn setup() -> (Runtime, Device, Context) {
+    let rt = Runtime::builder()
+        .host_devices(2)
+        .host_device_memory(CAPACITY)
+        .host_max_alloc_size(MAX_ALLOC)
+        .build()
+        .expect("runtime");
+    let dev = rt.driver().device(0).unwrap();
+    let ctx = rt.driver().create_context().unwrap();
+    (rt, dev, ctx)
+}
+
+fn code(r: hetmem::Result<impl std::fmt::Debug>) -> u32 {
+    r.expect_err("expected an error").ze_result()
+}
+
+const UNSUPPORTED_SIZE: u32 = 0x7800_0009;
+const UNSUPPORTED_ALIGNMENT: u32 = 0x7800_000a;
+const INVALID_ARGUMENT: u32 = 0x7800_0004;
+const OUT_OF_DEVICE: u32 = 0x7000_0003;
+const OUT_OF_HOST: u32 = 0x7000_0002;
+
+#[repr(C, align(4096))]
+struct Pages([u8; 2 * HOST_PAGE]);
+
+#[test]
+fn host_page_is_4k() {
+    assert_eq!(rustix::param::page_size(), HOST_PAGE);
+}
+
+#[test]
+fn size_zero_is_unsupported_size() {
+    let (_rt, dev, ctx) = setup();
+    assert_eq!(
+        code(ctx.alloc_device(&dev, &AllocDesc::new(0))),
+        UNSUPPORTED_SIZE
+    );
+    assert_eq!(code(ctx.alloc_host(&AllocDesc::new(0))), UNSUPPORTED_SIZE);
+    assert_eq!(
+        code(ctx.alloc_shared(Some(&dev), &AllocDesc::new(0))),
+        UNSUPPORTED_SIZE
+    );
+}
+
+#[test]
+fn alignment_not_zero_or_power_of_two_is_unsupported_alignment() {
+    let (rt, dev, ctx) = setup();
+    for a in [3, 6, 4097, 3 << 20] {
+        let d = AllocDesc::new(4096).alignment(a);
+        assert_eq!(code(ctx.alloc_device(&dev, &d)), UNSUPPORTED_ALIGNMENT);
+        assert_eq!(code(ctx.alloc_host(&d)), UNSUPPORTED_ALIGNMENT);
+        assert_eq!(code(ctx.alloc_shared(None, &d)), UNSUPPORTED_ALIGNMENT);
+    }
+    assert_eq!(rt.driver().usm_stats().allocations, 0);
+}
+
+#[test]
+fn address_is_aligned_to_alignment_and_page_size() {
+    let (_rt, dev, ctx) = setup();
+    let page = ctx.query_page_size(&dev, 100).unwrap();
+    let p = ctx.alloc_device(&dev, &AllocDesc::new(100)).unwrap();
+    assert_eq!(p % page, 0);
+    let p2 = ctx
+        .alloc_host(&AllocDesc::new(100).alignment(4 * MIB))
+        .unwrap();
+    assert_eq!(p2 % (4 * MIB), 0);
+    assert_eq!(ctx.get_allocation_properties(p).unwrap().page_size, page);
+}
+
+#[test]
+fn size_over_max_alloc_is_unsupported_size_unless_relaxed_max_size() {
+    let (_rt, dev, ctx) = setup();
+    let big = MAX_ALLOC as usize + 2 * MIB;
+    assert_eq!(
+        code(ctx.alloc_device(&dev, &AllocDesc::new(big))),
+        UNSUPPORTED_SIZE
+    );
+    assert_eq!(code(ctx.alloc_host(&AllocDesc::new(big))), UNSUPPORTED_SIZE);
+    assert_eq!(
+        code(ctx.alloc_shared(Some(&dev), &AllocDesc::new(big))),
+        UNSUPPORTED_SIZE
+    );
+    let relaxed = AllocDesc::new(big).relaxed_max_size(true);
+    for p in [
+        ctx.alloc_device(&dev, &relaxed).unwrap(),
+        ctx.alloc_host(&relaxed).unwrap(),
+        ctx.alloc_shared(Some(&dev), &relaxed).unwrap(),
+    ] {
+        assert_eq!(ctx.get_address_range(p).unwrap(), (p, big));
+        ctx.free_memory(p).unwrap();
+    }
+}
+
+#[test]
+fn relaxed_size_over_whole_capacity_is_unsupported_size() {
+    let (_rt, dev, ctx) = setup();
+    let d = AllocDesc::new(CAPACITY as usize + 2 * MIB).relaxed_max_size(true);
+    assert_eq!(code(ctx.alloc_device(&dev, &d)), UNSUPPORTED_SIZE);
+}
+
+#[test]
+fn beyond_capacity_is_out_of_device_memory() {
+    let (rt, dev, ctx) = setup();
+    let d = AllocDesc::new(MAX_ALLOC as usize);
+    let a: Vec<usize> = (0..4)
+        .map(|_| ctx.alloc_device(&dev, &d).unwrap())
+        .collect();
+    assert_eq!(dev.used_memory(), CAPACITY);
+    assert_eq!(code(ctx.alloc_device(&dev, &d)), OUT_OF_DEVICE);
+    assert_eq!(code(ctx.alloc_shared(Some(&dev), &d)), OUT_OF_DEVICE);
+    // The other device is untouched, and host allocations need no device capacity.
+    let dev1 = rt.driver().device(1).unwrap();
+    ctx.alloc_device(&dev1, &d).unwrap();
+    ctx.alloc_host(&d).unwrap();
+    assert_eq!(rt.driver().usm_stats().allocations, 6);
+    ctx.free_memory(a[0]).unwrap();
+    ctx.alloc_device(&dev, &d).unwrap();
+}
+
+#[test]
+fn physical_memory_and_device_allocations_share_capacity() {
+    let (_rt, dev, ctx) = setup();
+    let phys = ctx
+        .create_physical_memory(Some(&dev), PhysicalMemoryFlags::AllocateOnDevice, 24 * MIB)
+        .unwrap();
+    let a = ctx.alloc_device(&dev, &AllocDesc::new(8 * MIB)).unwrap();
+    assert_eq!(dev.used_memory(), CAPACITY);
+    assert_eq!(
+        code(ctx.alloc_device(&dev, &AllocDesc::new(1))),
+        OUT_OF_DEVICE
+    );
+    assert_eq!(
+        code(ctx.create_physical_memory(
+            Some(&dev),
+            PhysicalMemoryFlags::AllocateOnDevice,
+            2 * MIB
+        )),
+        OUT_OF_DEVICE
+    );
+    ctx.free_memory(a).unwrap();
+    ctx.destroy_physical_memory(phys).unwrap();
+    assert_eq!(dev.used_memory(), 0);
+}
+
+#[test]
+fn device_capacity_is_charged_in_pages_of_the_allocation() {
+    let (_rt, dev, ctx) = setup();
+    let page = ctx.query_page_size(&dev, 100).unwrap();
+    let p = ctx.alloc_device(&dev, &AllocDesc::new(100)).unwrap();
+    assert_eq!(dev.used_memory(), page as u64);
+    ctx.free_memory(p).unwrap();
+    assert_eq!(dev.used_memory(), 0);
+}
+
+#[test]
+fn host_allocation_the_os_refuses_is_out_of_host_memory() {
+    let (_rt, _dev, ctx) = setup();
+    let d = AllocDesc::new(1 << 50).relaxed_max_size(true);
+    assert_eq!(code(ctx.alloc_host(&d)), OUT_OF_HOST);
+}
+
+#[test]
+fn allocations_are_readable_and_writable_from_the_host() {
+    let (_rt, dev, ctx) = setup();
+    for p in [
+        ctx.alloc_device(&dev, &AllocDesc::new(3 * MIB)).unwrap(),
+        ctx.alloc_host(&AllocDesc::new(3 * MIB)).unwrap(),
+        ctx.alloc_shared(Some(&dev), &AllocDesc::new(3 * MIB))
+            .unwrap(),
+        ctx.alloc_shared(None, &AllocDesc::new(3 * MIB)).unwrap(),
+    ] {
+        // SAFETY: a live 3 MiB read-write allocation.
+        let s = unsafe { std::slice::from_raw_parts_mut(p as *mut u8, 3 * MIB) };
+        assert!(s.iter().all(|&b| b == 0), "fresh memory is zero");
+        s[0] = 1;
+        s[3 * MIB - 1] = 2;
+        assert_eq!((s[0], s[3 * MIB - 1]), (1, 2));
+    }
+}
+
+#[test]
+fn properties_report_type_device_unique_id_and_page_size() {
+    let (rt, dev, ctx) = setup();
+    let dev1 = rt.driver().device(1).unwrap();
+    let d = ctx.alloc_device(&dev1, &AllocDesc::new(5 * MIB)).unwrap();
+    let h = ctx.alloc_host(&AllocDesc::new(100)).unwrap();
+    let s = ctx.alloc_shared(Some(&dev), &AllocDesc::new(100)).unwrap();
+    let pd = ctx.get_allocation_properties(d + 4 * MIB).unwrap();
+    let ph = ctx.get_allocation_properties(h + 99).unwrap();
+    let ps = ctx.get_allocation_properties(s).unwrap();
+    assert_eq!((pd.memory_type, pd.device), (MemoryType::Device, Some(1)));
+    assert_eq!((ph.memory_type, ph.device), (MemoryType::Host, None));
+    assert_eq!((ps.memory_type, ps.device), (MemoryType::Shared, Some(0)));
+    assert_eq!(pd.page_size, ctx.query_page_size(&dev1, 5 * MIB).unwrap());
+    assert_eq!(ps.page_size, ctx.query_page_size(&dev, 100).unwrap());
+    let ids = [pd.id, ph.id, ps.id];
+    assert!(ids.iter().all(|&i| i != 0));
+    assert!(ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2]);
+    // Ids are never reused.
+    ctx.free_memory(h).unwrap();
+    let h2 = ctx.alloc_host(&AllocDesc::new(100)).unwrap();
+    assert!(!ids.contains(&ctx.get_allocation_properties(h2).unwrap().id));
+}
+
+#[test]
+fn compression_hint_is_recorded_in_properties() {
+    let (_rt, dev, ctx) = setup();
+    let c = ctx
+        .alloc_device(
+            &dev,
+            &AllocDesc::new(4096).compression(CompressionHint::Compressed),
+        )
+        .unwrap();
+    let u = ctx
+        .alloc_host(&AllocDesc::new(4096).compression(CompressionHint::Uncompressed))
+        .unwrap();
+    let n = ctx.alloc_host(&AllocDesc::new(4096)).unwrap();
+    let get = |p| ctx.get_allocation_properties(p).unwrap().compression;
+    assert_eq!(get(c), Some(CompressionHint::Compressed));
+    assert_eq!(get(u), Some(CompressionHint::Uncompressed));
+    assert_eq!(get(n), None);
+}
+
+#[test]
+fn compression_hint_with_both_flags_is_unsupported_enumeration() {
+    assert_eq!(code(CompressionHint::from_raw(3)), 0x7800_000d);
+    assert_eq!(code(CompressionHint::from_raw(0)), 0x7800_000d);
+}
+
+#[test]
+fn free_needs_the_base_of_a_live_allocation() {
+    let (rt, dev, ctx) = setup();
+    let p = ctx.alloc_device(&dev, &AllocDesc::new(MIB)).unwrap();
+    assert_eq!(code(ctx.free_memory(0)), 0x7800_0007);
+    assert_eq!(code(ctx.free_memory(p + 8)), INVALID_ARGUMENT);
+    let stack = 0u64;
+    assert_eq!(
+        code(ctx.free_memory(&stack as *const u64 as usize)),
+        INVALID_ARGUMENT
+    );
+    let other = rt.driver().create_context().unwrap();
+    assert_eq!(code(other.free_memory(p)), INVALID_ARGUMENT);
+    ctx.free_memory(p).unwrap();
+    assert_eq!(code(ctx.free_memory(p)), INVALID_ARGUMENT);
+    assert_eq!(rt.driver().usm_stats().allocations, 0);
+    assert_eq!(dev.used_memory(), 0);
+}
+
+#[test]
+fn unknown_pointer_properties_are_unknown_with_id_0() {
+    let (_rt, _dev, ctx) = setup();
+    let x = 5u32;
+    let p = ctx
+        .get_allocation_properties(&x as *const u32 as usize)
+        .unwrap();
+    assert_eq!(p.memory_type, MemoryType::Unknown);
+    assert_eq!((p.id, p.device, p.page_size), (0, None, 0));
+    assert_eq!(code(ctx.get_allocation_properties(0)), 0x7800_0007);
+}
+
+#[test]
+fn address_range_of_interior_pointer_is_base_and_size() {
+    let (_rt, dev, ctx) = setup();
+    let p = ctx
+        .alloc_device(&dev, &AllocDesc::new(3 * MIB + 5))
+        .unwrap();
+    assert_eq!(ctx.get_address_range(p).unwrap(), (p, 3 * MIB + 5));
+    assert_eq!(
+        ctx.get_address_range(p + 3 * MIB + 4).unwrap(),
+        (p, 3 * MIB + 5)
+    );
+}
+
+#[test]
+fn address_range_of_unknown_pointer_is_error_unknown() {
+    let (_rt, dev, ctx) = setup();
+    let p = ctx.alloc_device(&dev, &AllocDesc::new(100)).unwrap();
+    assert_eq!(code(ctx.get_address_range(p + 100)), 0x7fff_fffe);
+    let x = 1u8;
+    assert_eq!(
+        code(ctx.get_address_range(&x as *const u8 as usize)),
+        0x7fff_fffe
+    );
+}
+
+#[test]
+fn virtual_memory_mapping_reports_its_physical_objects_device() {
+    let (rt, _dev, ctx) = setup();
+    let dev1 = rt.driver().device(1).unwrap();
+    let page = ctx.query_page_size(&dev1, 2 * MIB).unwrap();
+    let r = ctx.reserve(None, 2 * page).unwrap();
+    let phys = ctx
+        .create_physical_memory(Some(&dev1), PhysicalMemoryFlags::AllocateOnDevice, page)
+        .unwrap();
+    ctx.map(r.base, page, phys, 0, AccessAttribute::ReadWrite)
+        .unwrap();
+    let p = ctx.get_allocation_properties(r.base + 7).unwrap();
+    assert_eq!(p.memory_type, MemoryType::Device);
+    assert_eq!((p.device, p.id, p.page_size), (Some(1), phys.id, page));
+    // The unmapped half is no memory; the range is the reservation.
+    let q = ctx.get_allocation_properties(r.base + page).unwrap();
+    assert_eq!(q.memory_type, MemoryType::Unknown);
+    assert_eq!(
+        ctx.get_address_range(r.base + page + 1).unwrap(),
+        (r.base, r.size)
+    );
+    // Ids of allocations never collide with physical objects'.
+    let a = ctx.alloc_host(&AllocDesc::new(10)).unwrap();
+    assert_ne!(ctx.get_allocation_properties(a).unwrap().id, phys.id);
+    // A reservation cannot be freed as USM memory.
+    assert_eq!(code(ctx.free_memory(r.base)), INVALID_ARGUMENT);
+}
+
+fn check_import(ctx: &Context, ptr: usize, size: usize) {
+    // SAFETY: callers pass writable memory of `size` bytes.
+    unsafe { std::ptr::write_bytes(ptr as *mut u8, 0xab, size) };
+    assert_eq!(ctx.import_system_memory(ptr, size, false).unwrap(), ptr);
+    let p = ctx.get_allocation_properties(ptr + size - 1).unwrap();
+    assert_eq!(p.memory_type, MemoryType::HostImported);
+    assert!(p.id != 0 && !p.read_only);
+    assert_eq!(p.page_size, HOST_PAGE);
+    assert_eq!(ctx.get_address_range(ptr + 1).unwrap(), (ptr, size));
+    ctx.free_memory(ptr).unwrap();
+    // SAFETY: the memory is still ours and still mapped.
+    let s = unsafe { std::slice::from_raw_parts(ptr as *const u8, size) };
+    assert!(s.iter().all(|&b| b == 0xab), "contents survive free");
+    assert_eq!(
+        ctx.get_allocation_properties(ptr).unwrap().memory_type,
+        MemoryType::Unknown
+    );
+}
+
+#[test]
+fn import_of_heap_memory_returns_the_system_pointer_and_reports_host_imported() {
+    let (rt, _dev, ctx) = setup();
+    let layout = std::alloc::Layout::from_size_align(4 * HOST_PAGE, HOST_PAGE).unwrap();
+    // SAFETY: non-zero size.
+    let p = unsafe { std::alloc::alloc(layout) };
+    assert!(!p.is_null());
+    check_import(&ctx, p as usize, 4 * HOST_PAGE);
+    assert_eq!(rt.driver().usm_stats().imports, 0);
+    // SAFETY: allocated above with this layout.
+    unsafe { std::alloc::dealloc(p, layout) };
+}
+
+#[test]
+fn import_of_stack_memory_works() {
+    let (_rt, _dev, ctx) = setup();
+    let mut buf = Pages([0; 2 * HOST_PAGE]);
+    check_import(&ctx, buf.0.as_mut_ptr() as usize, 2 * HOST_PAGE);
+    assert_eq!(buf.0[5], 0xab);
+}
+
+static mut STATIC_RW: Pages = Pages([0; 2 * HOST_PAGE]);
+static STATIC_RO: Pages = Pages([7; 2 * HOST_PAGE]);
+
+#[test]
+fn import_of_static_memory_works() {
+    let (_rt, _dev, ctx) = setup();
+    let p = std::ptr::addr_of_mut!(STATIC_RW) as usize;
+    check_import(&ctx, p, 2 * HOST_PAGE);
+}
+
+#[test]
+fn import_of_unaligned_pointer_or_size_is_invalid_argument() {
+    let (_rt, _dev, ctx) = setup();
+    let mut buf = Pages([0; 2 * HOST_PAGE]);
+    let p = buf.0.as_mut_ptr() as usize;
+    assert_eq!(
+        code(ctx.import_system_memory(p + 8, HOST_PAGE, false)),
+        INVALID_ARGUMENT
+    );
+    assert_eq!(
+        code(ctx.import_system_memory(p, HOST_PAGE + 8, false)),
+        INVALID_ARGUMENT
+    );
+    assert_eq!(
+        code(ctx.import_system_memory(p, 0, false)),
+        UNSUPPORTED_SIZE
+    );
+}
+
+#[test]
+fn import_of_read_only_memory_needs_the_read_only_flag() {
+    let (_rt, _dev, ctx) = setup();
+    // SAFETY: a fresh private anonymous read-only page.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            HOST_PAGE,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    let p = p as usize;
+    assert_eq!(
+        code(ctx.import_system_memory(p, HOST_PAGE, false)),
+        INVALID_ARGUMENT
+    );
+    assert_eq!(ctx.import_system_memory(p, HOST_PAGE, true).unwrap(), p);
+    let props = ctx.get_allocation_properties(p).unwrap();
+    assert_eq!(props.memory_type, MemoryType::HostImported);
+    assert!(props.read_only, "recorded read-only for devices");
+    ctx.free_memory(p).unwrap();
+    // Read-only static data (.rodata) likewise.
+    let s = std::ptr::addr_of!(STATIC_RO) as usize;
+    assert_eq!(
+        code(ctx.import_system_memory(s, HOST_PAGE, false)),
+        INVALID_ARGUMENT
+    );
+    assert!(ctx.import_system_memory(s, HOST_PAGE, true).is_ok());
+    ctx.free_memory(s).unwrap();
+    // SAFETY: the page mapped above.
+    unsafe { libc::munmap(p as *mut _, HOST_PAGE) };
+}
+
+#[test]
+fn import_of_writable_memory_with_read_only_flag_is_recorded_read_only() {
+    let (_rt, _dev, ctx) = setup();
+    let mut buf = Pages([0; 2 * HOST_PAGE]);
+    let p = buf.0.as_mut_ptr() as usize;
+    ctx.import_system_memory(p, HOST_PAGE, true).unwrap();
+    assert!(ctx.get_allocation_properties(p).unwrap().read_only);
+    ctx.free_memory(p).unwrap();
+}
+
+#[test]
+fn import_of_unmapped_or_inaccessible_memory_is_invalid_argument() {
+    let (_rt, _dev, ctx) = setup();
+    // SAFETY: a fresh PROT_NONE mapping, unmapped again for the second half of the test.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            2 * HOST_PAGE,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    } as usize;
+    assert_eq!(
+        code(ctx.import_system_memory(p, HOST_PAGE, true)),
+        INVALID_ARGUMENT
+    );
+    // SAFETY: our own mapping.
+    unsafe { libc::munmap(p as *mut _, 2 * HOST_PAGE) };
+    assert_eq!(
+        code(ctx.import_system_memory(p, HOST_PAGE, true)),
+        INVALID_ARGUMENT
+    );
+}
+
+#[test]
+fn import_overlapping_a_live_import_or_allocation_is_invalid_argument() {
+    let (rt, dev, ctx) = setup();
+    let mut buf = Pages([0; 2 * HOST_PAGE]);
+    let p = buf.0.as_mut_ptr() as usize;
+    ctx.import_system_memory(p + HOST_PAGE, HOST_PAGE, false)
+        .unwrap();
+    assert_eq!(
+        code(ctx.import_system_memory(p, 2 * HOST_PAGE, false)),
+        INVALID_ARGUMENT
+    );
+    let other = rt.driver().create_context().unwrap();
+    assert_eq!(
+        code(other.import_system_memory(p + HOST_PAGE, HOST_PAGE, false)),
+        INVALID_ARGUMENT
+    );
+    // The page before is free to import.
+    ctx.import_system_memory(p, HOST_PAGE, false).unwrap();
+    let a = ctx.alloc_device(&dev, &AllocDesc::new(HOST_PAGE)).unwrap();
+    assert_eq!(
+        code(ctx.import_system_memory(a, HOST_PAGE, false)),
+        INVALID_ARGUMENT
+    );
+    let r = ctx.reserve(None, 2 * MIB).unwrap();
+    assert_eq!(
+        code(ctx.import_system_memory(r.base, HOST_PAGE, true)),
+        INVALID_ARGUMENT
+    );
+    assert_eq!(rt.driver().usm_stats().imports, 2);
+}
+
+#[test]
+fn context_teardown_frees_its_allocations_and_imports() {
+    let (rt, dev, ctx) = setup();
+    let mut buf = Pages([0; 2 * HOST_PAGE]);
+    let keep = rt.driver().create_context().unwrap();
+    let k = keep.alloc_host(&AllocDesc::new(10)).unwrap();
+    ctx.alloc_device(&dev, &AllocDesc::new(MIB)).unwrap();
+    ctx.alloc_shared(Some(&dev), &AllocDesc::new(MIB)).unwrap();
+    ctx.import_system_memory(buf.0.as_mut_ptr() as usize, HOST_PAGE, false)
+        .unwrap();
+    let maps_before = hetmem::backend::host::mapping_count();
+    drop(ctx);
+    let s = rt.driver().usm_stats();
+    assert_eq!((s.allocations, s.imports), (1, 0));
+    assert_eq!(dev.used_memory(), 0);
+    assert!(hetmem::backend::host::mapping_count() < maps_before);
+    buf.0[0] = 1; // the imported memory is still ours
+    assert_eq!(std::hint::black_box(&buf).0[0], 1);
+    keep.free_memory(k).unwrap();
+    assert_eq!(rt.driver().usm_stats(), hetmem::UsmStats::default());
+}
