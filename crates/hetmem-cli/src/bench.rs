@@ -214,17 +214,10 @@ fn reserve_free(ctx: &Context, args: &Args, page: usize) -> Result<Row, String> 
         || {
             let t = Instant::now();
             for _ in 0..n {
-                // SAFETY: a fresh anonymous mapping, released at once.
-                unsafe {
-                    let p = rustix::mm::mmap_anonymous(
-                        std::ptr::null_mut(),
-                        page,
-                        ProtFlags::empty(),
-                        MapFlags::PRIVATE | MapFlags::NORESERVE,
-                    )
-                    .map_err(|e| e.to_string())?;
-                    rustix::mm::munmap(black_box(p), page).map_err(|e| e.to_string())?;
-                }
+                // The same sequence hetmem needs: an aligned PROT_NONE range (mmap of size +
+                // alignment, munmap of the slack), then munmap.
+                let p = raw_reserve(page, page)?;
+                raw_release(black_box(p), page);
             }
             Ok(t.elapsed().as_nanos() as f64 / n as f64)
         },
@@ -235,7 +228,7 @@ fn reserve_free(ctx: &Context, args: &Args, page: usize) -> Result<Row, String> 
         key: key("reserve_free", page),
         hetmem_ns: h,
         baseline_ns: Some(b),
-        baseline: "mmap(PROT_NONE) + munmap",
+        baseline: "aligned mmap(PROT_NONE) + munmap",
         target: None,
     })
 }

@@ -11,12 +11,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::backend::DeviceInfo;
 use crate::error::{Error, Result};
 
-/// Per-device used / capacity counters (bytes) and the driver-wide id source.
+/// Ids are process-wide, so that a handle of one driver (or runtime) is never taken for an
+/// object of another.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A fresh process-wide id, never 0 and never reused (also used for contexts).
+pub(crate) fn fresh_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Per-device used / capacity counters (bytes).
 #[derive(Debug)]
 pub(crate) struct DeviceMemory {
     capacity: Vec<u64>,
     used: Vec<AtomicU64>,
-    next_id: AtomicU64,
 }
 
 impl DeviceMemory {
@@ -25,7 +33,6 @@ impl DeviceMemory {
         DeviceMemory {
             capacity: devices.iter().map(|d| d.capacity).collect(),
             used: devices.iter().map(|_| AtomicU64::new(0)).collect(),
-            next_id: AtomicU64::new(1),
         }
     }
 
@@ -66,9 +73,9 @@ impl DeviceMemory {
         self.used[i].fetch_sub(bytes, Ordering::AcqRel);
     }
 
-    /// A fresh id, unique for the life of the driver across physical objects, allocations and
-    /// imports; never 0.
+    /// A fresh id, unique in the process across physical objects, allocations, imports and
+    /// contexts of every driver; never 0.
     pub(crate) fn next_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
+        fresh_id()
     }
 }

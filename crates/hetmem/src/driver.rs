@@ -7,7 +7,6 @@
 //! optional `K`/`M`/`G`/`T` suffix; default a quarter of RAM split between the devices), and the
 //! largest single allocation by `HETMEM_HOST_MAX_ALLOC` (default half a device).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -140,7 +139,9 @@ impl RuntimeBuilder {
     }
 
     /// Starts the runtime: makes the backend and its driver.
-    pub fn build(self) -> Result<Runtime> {
+    pub fn build(mut self) -> Result<Runtime> {
+        // The largest single allocation cannot exceed the device.
+        self.host.max_alloc_size = self.host.max_alloc_size.min(self.host.device_memory);
         let backend: Box<dyn Backend> = match self.backend {
             BackendKind::Host => Box::new(HostBackend::new(self.host.clone())?),
             BackendKind::Cuda => {
@@ -159,7 +160,7 @@ impl RuntimeBuilder {
             backend,
             vm: RwLock::new(vm),
             usm: RwLock::new(usm),
-            next_context: AtomicU64::new(1),
+            inflight: crate::queue::InFlight::default(),
         });
         Ok(Runtime {
             driver: Driver { shared },
@@ -207,7 +208,8 @@ pub(crate) struct DriverShared {
     /// USM allocations and imports. Lock order: `usm` before `vm` when both are held (an
     /// import checks that it overlaps no reservation); never take `usm` while holding `vm`.
     pub(crate) usm: RwLock<UsmState>,
-    next_context: AtomicU64,
+    /// In-flight references of queued device work to USM allocations ([`crate::queue`]).
+    pub(crate) inflight: crate::queue::InFlight,
 }
 
 /// A driver (`ze_driver_handle_t`): one backend and its devices.
@@ -250,7 +252,7 @@ impl Driver {
     /// Creates a context (`zeContextCreate`). Everything made in a context (reservations,
     /// mappings, physical objects) is released when its last handle is dropped.
     pub fn create_context(&self) -> Result<Context> {
-        let id = self.shared.next_context.fetch_add(1, Ordering::Relaxed);
+        let id = crate::capacity::fresh_id();
         Ok(Context {
             inner: Arc::new(ContextInner {
                 driver: self.shared.clone(),
@@ -275,7 +277,7 @@ impl Driver {
 /// A device (`ze_device_handle_t`).
 #[derive(Debug, Clone)]
 pub struct Device {
-    shared: Arc<DriverShared>,
+    pub(crate) shared: Arc<DriverShared>,
     ordinal: u32,
 }
 
@@ -330,6 +332,11 @@ impl Context {
         &self.inner.driver
     }
 
+    /// This context's id (owner tag of its objects).
+    pub(crate) fn id(&self) -> u64 {
+        self.inner.id
+    }
+
     /// The driver of this context.
     pub fn driver(&self) -> Driver {
         Driver {
@@ -382,7 +389,7 @@ impl Context {
         self.d().vm.read().query_page_size(device.ordinal, size)
     }
 
-    fn check_device(&self, device: &Device) -> Result<()> {
+    pub(crate) fn check_device(&self, device: &Device) -> Result<()> {
         if !Arc::ptr_eq(&device.shared, &self.inner.driver) {
             return Err(Error::InvalidNullHandle(format!(
                 "device {} belongs to another driver",
@@ -573,13 +580,15 @@ impl Context {
     }
 
     /// Frees an allocation or releases an import (`zeMemFree`, free now). `ptr` must be the
-    /// base of a live allocation or import of this context. Device capacity comes back at once.
+    /// base of a live allocation or import of this context. Device capacity comes back at once;
+    /// if queued work still references the memory, the memory itself goes when that work
+    /// finishes ([`crate::queue::FreePolicy::Immediate`]).
     ///
     /// Errors: `InvalidNullPointer` for null; `InvalidArgument` for anything else that is not
     /// such a base (interior or unknown pointers, other contexts' allocations).
     pub fn free_memory(&self, ptr: usize) -> Result<()> {
-        let d = self.d();
-        d.usm.write().free(d.backend.as_ref(), self.inner.id, ptr)
+        // Free now, but never under queued work (see `FreePolicy::Immediate`).
+        self.free_memory_ext(ptr, crate::queue::FreePolicy::Immediate)
     }
 
     /// Properties of the memory at `ptr` (`zeMemGetAllocProperties`), for any pointer:

@@ -32,12 +32,16 @@ pub mod backend;
 mod capacity;
 pub mod driver;
 pub mod error;
+pub mod queue;
 pub mod ranges;
 pub mod usm;
 pub mod vmm;
 
 pub use driver::{parse_bytes, BackendKind, Context, Device, Driver, Runtime, RuntimeBuilder};
 pub use error::{Error, Result};
+pub use queue::{
+    CommandList, CommandQueue, Event, Fence, FreePolicy, SyncStatus, MAX_FILL_PATTERN_SIZE,
+};
 pub use usm::{AllocDesc, AllocationProperties, CompressionHint, MemoryType, UsmStats};
 pub use vmm::{
     page_size_for, AccessAttribute, DeviceUsage, PhysicalMemory, PhysicalMemoryFlags, Reservation,

@@ -212,16 +212,51 @@ struct AllocRec {
     raw: Option<RawAllocation>,
     /// Bytes charged to `device`'s capacity.
     charged: u64,
-    /// Commands queued or running that reference this allocation. The free policies
-    /// (`zeMemFreeExt`, a later part) wait on it; nothing increments it yet.
-    #[allow(dead_code)]
-    in_flight: u32,
 }
 
 impl AllocRec {
     /// The address span the record occupies (for overlap checks).
     fn extent(&self) -> usize {
         self.size.max(self.span)
+    }
+}
+
+/// An allocation or import taken out of the bookkeeping ([`UsmState::take_for_free`]) whose
+/// memory (and device capacity, unless given back early) is still held.
+#[derive(Debug)]
+pub(crate) struct PendingFree {
+    ptr: usize,
+    rec: AllocRec,
+    devmem: Arc<DeviceMemory>,
+}
+
+impl PendingFree {
+    /// The allocation's id.
+    pub(crate) fn id(&self) -> u64 {
+        self.rec.id
+    }
+
+    /// Gives the device capacity back now (free-now semantics), before the memory goes.
+    pub(crate) fn give_back_capacity(&mut self) {
+        if let (Some(d), true) = (self.rec.device, self.rec.charged > 0) {
+            self.devmem.give_back(d as usize, self.rec.charged);
+        }
+        self.rec.charged = 0;
+    }
+
+    /// Releases the memory (and the capacity still charged).
+    pub(crate) fn finish(self, backend: &dyn Backend) {
+        let r = self.rec;
+        match r.raw {
+            // SAFETY: the record was the only owner of this live allocation, and the caller
+            // guarantees no queued work references it any more.
+            Some(raw) => unsafe { backend.free_alloc(self.ptr, r.span, raw) },
+            // SAFETY: registered at import; the memory itself stays.
+            None => unsafe { backend.unregister_host(self.ptr, r.size) },
+        }
+        if let (Some(d), true) = (r.device, r.charged > 0) {
+            self.devmem.give_back(d as usize, r.charged);
+        }
     }
 }
 
@@ -347,7 +382,6 @@ impl UsmState {
                 context,
                 raw: Some(raw),
                 charged: if device.is_some() { charged } else { 0 },
-                in_flight: 0,
             },
         );
         Ok(addr)
@@ -443,14 +477,28 @@ impl UsmState {
                 context,
                 raw: None,
                 charged: 0,
-                in_flight: 0,
             },
         );
         Ok(ptr)
     }
 
-    /// `zeMemFree`: the base of a live allocation or import of `context`.
-    pub(crate) fn free(&mut self, backend: &dyn Backend, context: u64, ptr: usize) -> Result<()> {
+    fn release(&self, backend: &dyn Backend, ptr: usize, r: AllocRec) {
+        match r.raw {
+            // SAFETY: the record was the only owner of this live allocation.
+            Some(raw) => unsafe { backend.free_alloc(ptr, r.span, raw) },
+            // SAFETY: registered at import; the memory itself stays.
+            None => unsafe { backend.unregister_host(ptr, r.size) },
+        }
+        if let (Some(d), true) = (r.device, r.charged > 0) {
+            self.devmem.give_back(d as usize, r.charged);
+        }
+    }
+
+    /// `zeMemFreeExt`, first half: takes the allocation or import at `ptr` (the base of a live
+    /// one of `context`, as `zeMemFree` needs) out of the bookkeeping, so the pointer is
+    /// invalid at once, and returns it with its memory and capacity still held; the caller
+    /// releases them with [`PendingFree::finish`] once no work references them.
+    pub(crate) fn take_for_free(&mut self, context: u64, ptr: usize) -> Result<PendingFree> {
         if ptr == 0 {
             return Err(Error::InvalidNullPointer("pointer to free is null".into()));
         }
@@ -469,21 +517,12 @@ impl UsmState {
                 )))
             }
         }
-        let r = self.allocs.remove(&ptr).expect("checked");
-        self.release(backend, ptr, r);
-        Ok(())
-    }
-
-    fn release(&self, backend: &dyn Backend, ptr: usize, r: AllocRec) {
-        match r.raw {
-            // SAFETY: the record was the only owner of this live allocation.
-            Some(raw) => unsafe { backend.free_alloc(ptr, r.span, raw) },
-            // SAFETY: registered at import; the memory itself stays.
-            None => unsafe { backend.unregister_host(ptr, r.size) },
-        }
-        if let (Some(d), true) = (r.device, r.charged > 0) {
-            self.devmem.give_back(d as usize, r.charged);
-        }
+        let rec = self.allocs.remove(&ptr).expect("checked");
+        Ok(PendingFree {
+            ptr,
+            rec,
+            devmem: self.devmem.clone(),
+        })
     }
 
     /// The record containing `ptr` (`base <= ptr < base + size`).

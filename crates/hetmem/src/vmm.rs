@@ -334,6 +334,11 @@ impl VmState {
                 "reservation size {size:#x} is not a multiple of its page size {page:#x}"
             )));
         }
+        if size.checked_add(page).is_none() {
+            return Err(Error::UnsupportedSize(format!(
+                "reservation size {size:#x} exceeds the address space"
+            )));
+        }
         let hint = (hint != 0 && hint.is_multiple_of(page)).then_some(hint);
         // SAFETY: the backend only creates a new placeholder; it never replaces a mapping.
         let base = unsafe { backend.reserve(hint, size, page)? };
@@ -427,6 +432,16 @@ impl VmState {
             return Err(Error::UnsupportedSize(format!(
                 "physical memory size {size:#x} is not a multiple of its page size {page:#x}"
             )));
+        }
+        if location == PhysicalLocation::Host {
+            let cap = backend.host_capacity();
+            let free = cap.saturating_sub(self.host_used);
+            if size as u64 > free {
+                return Err(Error::OutOfHostMemory(format!(
+                    "host physical memory has {free:#x} bytes free of {cap:#x} (host RAM); \
+                     {size:#x} asked"
+                )));
+            }
         }
         if let PhysicalLocation::Device(d) = location {
             self.devmem.take(d as usize, size as u64)?;
@@ -611,15 +626,22 @@ impl VmState {
         self.containing_reservation(context, ptr, size)?;
         let end = ptr + size;
         // Fast path: the range lies inside one mapped run (one protect, no rollback list).
-        if let Some((_, e)) = self.mapped.get(ptr) {
-            if e.end >= end {
-                if e.value.access != access {
-                    // SAFETY: [ptr, end) is mapped.
-                    unsafe { backend.protect(ptr, size, access.protection())? };
-                    self.mapped.update(ptr, end, |m| m.access = access);
+        let run = match self.mapped.get_exact(ptr) {
+            Some(e) => Some((e.end, e.value.access)),
+            None => self.mapped.get(ptr).map(|(_, e)| (e.end, e.value.access)),
+        };
+        if let Some((_, old)) = run.filter(|&(run_end, _)| run_end >= end) {
+            if old != access {
+                // SAFETY: [ptr, end) is mapped.
+                if let Err(err) = unsafe { backend.protect(ptr, size, access.protection()) } {
+                    // mprotect may have changed part of the range before failing: put it back.
+                    // SAFETY: same mapped range.
+                    unsafe { backend.protect(ptr, size, old.protection()).ok() };
+                    return Err(err);
                 }
-                return Ok(());
+                self.mapped.update(ptr, end, |m| m.access = access);
             }
+            return Ok(());
         }
         // Runs to change, clipped to the range, with their old attribute for rollback.
         let runs: Vec<(usize, usize, AccessAttribute)> = self
@@ -631,7 +653,8 @@ impl VmState {
         for (i, &(s, e, _)) in runs.iter().enumerate() {
             // SAFETY: [s, e) is mapped.
             if let Err(err) = unsafe { backend.protect(s, e - s, access.protection()) } {
-                for &(s, e, old) in &runs[..i] {
+                // The failing run may be partly changed too: put it back with the others.
+                for &(s, e, old) in &runs[..=i] {
                     // SAFETY: same mapped runs, put back as they were.
                     unsafe { backend.protect(s, e - s, old.protection()).ok() };
                 }
@@ -743,6 +766,56 @@ impl VmState {
     /// Whether any reservation overlaps `[start, end)` (imports of system memory must not).
     pub(crate) fn reservation_overlaps(&self, start: usize, end: usize) -> bool {
         matches!(self.reservations.range(..end).next_back(), Some((&b, r)) if b + r.size > start)
+    }
+
+    /// Device-side access check for queued copies and fills ([`crate::queue`]): `None` if `ptr`
+    /// is in no reservation; otherwise `Some(Err(why))` unless `[ptr, end)` lies in that one
+    /// reservation and every page of it is mapped with an access that allows reading (and
+    /// writing if `write`). An empty range checks the page at `ptr`.
+    pub(crate) fn check_device_access(
+        &self,
+        ptr: usize,
+        end: usize,
+        write: bool,
+    ) -> Option<std::result::Result<(), String>> {
+        let (&base, r) = self.reservations.range(..=ptr).next_back()?;
+        let rend = base + r.size;
+        if ptr >= rend {
+            return None;
+        }
+        if end > rend {
+            return Some(Err(format!(
+                "[{}, {}) runs past the end {} of its reservation",
+                Addr(ptr),
+                Addr(end),
+                Addr(rend)
+            )));
+        }
+        let end = end.max(ptr + 1);
+        let mut at = ptr;
+        for (s, e) in self.mapped.overlapping(ptr, end) {
+            if s > at {
+                break;
+            }
+            let ok = match e.value.access {
+                AccessAttribute::None => false,
+                AccessAttribute::ReadOnly => !write,
+                AccessAttribute::ReadWrite => true,
+            };
+            if !ok {
+                return Some(Err(format!(
+                    "page at {} has access {:?}, which does not allow {}",
+                    Addr(at),
+                    e.value.access,
+                    if write { "writing" } else { "reading" }
+                )));
+            }
+            at = e.end;
+            if at >= end {
+                return Some(Ok(()));
+            }
+        }
+        Some(Err(format!("page at {} is not mapped", Addr(at))))
     }
 
     /// The raw backend handle and size of a physical object (for the demo and later IPC).

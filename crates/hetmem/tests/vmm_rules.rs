@@ -260,6 +260,7 @@ fn child_case_runner() {
         "nofile" => child_nofile(),
         "max_map_count" => child_max_map_count(),
         "context_drop" => child_context_drop(),
+        "fsize" => child_fsize(),
         other => panic!("unknown child case {other:?}"),
     }
     println!("CHILD_OK {case}");
@@ -2182,4 +2183,91 @@ fn child_context_drop() {
     assert!(left.is_empty(), "context drop left mappings: {left:?}");
     assert_eq!(e.stats().reservations, 0);
     assert_eq!(e.dev.used_memory(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Found by review: handles across drivers, OS limits that must not kill, absurd sizes.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn physical_handle_of_another_driver_is_invalid_argument_and_changes_nothing() {
+    let a = env(16 * MIB);
+    let b = env(16 * MIB);
+    let page = a.ctx.query_page_size(&a.dev, 2 * MIB).unwrap();
+    let pa = a
+        .ctx
+        .create_physical_memory(Some(&a.dev), PhysicalMemoryFlags::AllocateOnDevice, page)
+        .unwrap();
+    let pb = b
+        .ctx
+        .create_physical_memory(Some(&b.dev), PhysicalMemoryFlags::AllocateOnDevice, page)
+        .unwrap();
+    assert_ne!(pa.id, pb.id, "ids are unique across drivers");
+    assert_err!(b.ctx.destroy_physical_memory(pa), InvalidArgument);
+    let r = b.ctx.reserve(None, page).unwrap();
+    assert_err!(
+        b.ctx.map(r.base, page, pa, 0, AccessAttribute::ReadWrite),
+        InvalidArgument
+    );
+    assert_eq!(b.dev.used_memory(), page as u64);
+    assert_eq!(a.dev.used_memory(), page as u64);
+    b.ctx.destroy_physical_memory(pb).unwrap();
+    a.ctx.destroy_physical_memory(pa).unwrap();
+}
+
+#[test]
+fn host_physical_memory_beyond_host_ram_is_out_of_host_memory() {
+    let e = env(16 * MIB);
+    let huge = 1usize << 46; // 64 TiB, more than any test machine's RAM
+    let m = assert_err!(
+        e.ctx
+            .create_physical_memory(None, PhysicalMemoryFlags::AllocateOnHost, huge),
+        OutOfHostMemory
+    );
+    assert!(m.contains("0x400000000000"), "{m}");
+    assert_err!(
+        e.ctx.create_physical_memory(
+            None,
+            PhysicalMemoryFlags::AllocateOnHost,
+            0xffff_ffff_ffe0_0000
+        ),
+        OutOfHostMemory
+    );
+    assert_eq!(e.stats().physical_objects, 0);
+    assert_eq!(e.stats().host_physical_bytes, 0);
+}
+
+#[test]
+fn reserve_larger_than_the_address_space_is_decided_by_the_semantics_layer() {
+    let e = env(16 * MIB);
+    // Overflows size + alignment: rejected before the backend is asked.
+    let m = assert_err!(e.ctx.reserve(None, 0xffff_ffff_ffe0_0000), UnsupportedSize);
+    assert!(m.contains("0xffffffffffe00000"), "{m}");
+    // Fits the arithmetic but not the address space: the OS says no.
+    assert_err!(e.ctx.reserve(None, 1 << 62), OutOfHostMemory);
+    assert_eq!(e.stats().reservations, 0);
+}
+
+#[test]
+fn file_size_limit_is_out_of_host_memory_not_sigxfsz() {
+    let out = run_child("fsize");
+    assert!(out.contains("RLIMIT_FSIZE"), "{out}");
+}
+
+fn child_fsize() {
+    let lim = libc::rlimit {
+        rlim_cur: 1 << 20,
+        rlim_max: 1 << 20,
+    };
+    // SAFETY: lowers this child's own file-size limit.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &lim) }, 0);
+    let e = env(64 * MIB);
+    let page = e.ctx.query_page_size(&e.dev, 2 * MIB).unwrap();
+    let m = assert_err!(
+        e.ctx
+            .create_physical_memory(Some(&e.dev), PhysicalMemoryFlags::AllocateOnDevice, page),
+        OutOfHostMemory
+    );
+    assert_eq!(e.dev.used_memory(), 0);
+    println!("{m}");
 }

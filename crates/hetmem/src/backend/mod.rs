@@ -72,6 +72,77 @@ pub enum AllocLocation {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RawAllocation(pub u64);
 
+/// A synchronisation object a device engine can wait on and signal (an event or fence of
+/// [`crate::queue`]). CUDA: a `CUevent` (`cuStreamWaitEvent`, `cuEventRecord`); host: a flag
+/// with a condition variable.
+pub trait EngineSync: Send + Sync {
+    /// Waits up to `timeout_ns` nanoseconds for the object to be signalled; true if it is.
+    fn wait_ns(&self, timeout_ns: u64) -> bool;
+    /// Signals the object, waking every waiter.
+    fn signal(&self);
+}
+
+/// One raw operation for a device engine. Every address has been validated by the semantics
+/// layer ([`crate::queue`]) against live memory and access before it gets here.
+pub enum EngineOp {
+    /// Copies `size` bytes from `src` to `dst`; the ranges may overlap (memmove semantics).
+    /// CUDA: `cuMemcpyAsync`.
+    Copy {
+        /// Destination address.
+        dst: usize,
+        /// Source address.
+        src: usize,
+        /// Bytes.
+        size: usize,
+    },
+    /// Fills `size` bytes at `ptr` with `pattern` repeated (byte `i` gets
+    /// `pattern[i % pattern.len()]`). CUDA: `cuMemsetD8Async` / `cuMemsetD32Async` for 1- and
+    /// 4-byte patterns, a copy from a pattern buffer otherwise.
+    Fill {
+        /// Destination address.
+        ptr: usize,
+        /// The pattern (1 to 128 bytes, a power of two).
+        pattern: Vec<u8>,
+        /// Bytes.
+        size: usize,
+    },
+    /// Waits until the object is signalled. CUDA: `cuStreamWaitEvent`.
+    Wait(std::sync::Arc<dyn EngineSync>),
+    /// Signals the object once everything before it has finished. CUDA: `cuEventRecord`.
+    Signal(std::sync::Arc<dyn EngineSync>),
+    /// Runs a host function once everything before it has finished (bookkeeping of the
+    /// semantics layer: in-flight references, fences). CUDA: `cuLaunchHostFunc`.
+    Host(Box<dyn FnOnce() + Send>),
+}
+
+impl std::fmt::Debug for EngineOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EngineOp::Copy { dst, src, size } => write!(f, "Copy({dst:#x} <- {src:#x}, {size})"),
+            EngineOp::Fill { ptr, pattern, size } => {
+                write!(f, "Fill({ptr:#x}, {} byte pattern, {size})", pattern.len())
+            }
+            EngineOp::Wait(_) => f.write_str("Wait"),
+            EngineOp::Signal(_) => f.write_str("Signal"),
+            EngineOp::Host(_) => f.write_str("Host"),
+        }
+    }
+}
+
+/// A device engine: executes submitted batches of [`EngineOp`]s in submission order, one
+/// operation after another, asynchronously to the caller. CUDA: a stream (`cuStreamCreate`);
+/// host: a worker thread. Dropping it finishes the work already submitted (a wait that can
+/// never be satisfied is abandoned, skipping the memory operations after it but still running
+/// its `Host` operations) and joins the thread.
+pub trait Engine: Send + Sync + std::fmt::Debug {
+    /// Queues `ops` after everything submitted before.
+    ///
+    /// # Safety
+    /// Every `Copy` / `Fill` range is live memory, readable (source) or writable (destination)
+    /// from the host, and stays so until the operation has run.
+    unsafe fn submit(&self, ops: Vec<EngineOp>);
+}
+
 /// The raw operations a platform provides. See the module docs for the contract.
 ///
 /// Addresses are process virtual addresses. Every address, size and offset passed in is aligned
@@ -82,6 +153,9 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// Description of the platform for `hetmem info` (driver version, etc.).
     fn describe(&self) -> String;
+
+    /// Bytes of host memory that host physical memory may use in all (the machine's RAM).
+    fn host_capacity(&self) -> u64;
 
     /// The devices, in ordinal order.
     fn devices(&self) -> &[DeviceInfo];
@@ -218,6 +292,13 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// # Safety
     /// The range was registered and nothing on a device uses it any more.
     unsafe fn unregister_host(&self, addr: usize, size: usize);
+
+    /// Makes a new engine (an in-order execution stream) on device `device`. Each command queue
+    /// and immediate command list gets its own, so a device has as many engines as queues.
+    ///
+    /// CUDA: `cuStreamCreate(CU_STREAM_NON_BLOCKING)` in the device's primary context. Host: a
+    /// worker thread (`std::thread::spawn`).
+    fn create_engine(&self, device: u32) -> Result<Box<dyn Engine>>;
 
     /// Changes the protection of mapped pages `[addr, addr+size)`.
     ///

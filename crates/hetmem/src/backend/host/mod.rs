@@ -15,9 +15,12 @@
 //! | free alloc | `munmap(2)`, `close(2)` |
 //! | host protection | reads `/proc/self/maps` |
 //! | register / unregister host | nothing (devices are threads of this process) |
+//! | create engine | `std::thread::spawn` of a worker that runs copies (`memmove`), fills (`memset`) and waits in order ([`engine`]) |
 //!
 //! A physical object is its own memfd, sealed against grow and shrink (and against further seal
 //! changes), so that nobody holding the fd can change its size under a mapping.
+
+pub mod engine;
 
 use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 
@@ -129,8 +132,11 @@ impl HostBackend {
 fn os_error(what: &str, e: Errno) -> Error {
     match e {
         Errno::NOMEM => Error::OutOfHostMemory(format!(
-            "{what} failed with ENOMEM: the address space, RAM, or the mapping limit \
-             vm.max_map_count ({}) is exhausted",
+            "{what} failed with ENOMEM: the address space (RLIMIT_AS {}), RAM, or the mapping \
+             limit vm.max_map_count ({}) is exhausted",
+            rustix::process::getrlimit(rustix::process::Resource::As)
+                .current
+                .map_or("unlimited".to_string(), |v| v.to_string()),
             max_map_count().map_or("unknown".to_string(), |v| v.to_string())
         )),
         Errno::MFILE | Errno::NFILE => Error::OutOfHostMemory(format!(
@@ -195,9 +201,9 @@ pub unsafe fn reserve_placeholder(hint: Option<usize>, size: usize, align: usize
             }
         }
     }
-    let total = size
-        .checked_add(align)
-        .ok_or_else(|| Error::UnsupportedSize(format!("size {size:#x} overflows")))?;
+    let total = size.checked_add(align).ok_or_else(|| {
+        Error::OutOfHostMemory(format!("no address range of {size:#x} + {align:#x} bytes"))
+    })?;
     // SAFETY: a fresh anonymous mapping chosen by the kernel.
     let p = unsafe {
         rustix::mm::mmap_anonymous(std::ptr::null_mut(), total, ProtFlags::empty(), PLACEHOLDER)
@@ -226,6 +232,15 @@ pub fn sealed_memfd(size: usize) -> Result<OwnedFd> {
         MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
     )
     .map_err(|e| os_error("memfd_create", e))?;
+    // ftruncate past RLIMIT_FSIZE raises SIGXFSZ, which kills the process: refuse first.
+    if let Some(limit) = rustix::process::getrlimit(rustix::process::Resource::Fsize).current {
+        if size as u64 > limit {
+            return Err(Error::OutOfHostMemory(format!(
+                "{size:#x} bytes exceed the file-size limit RLIMIT_FSIZE ({limit}) that memfd \
+                 physical memory is subject to"
+            )));
+        }
+    }
     rustix::fs::ftruncate(&fd, size as u64).map_err(|e| os_error("ftruncate(memfd)", e))?;
     rustix::fs::fcntl_add_seals(&fd, SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL)
         .map_err(|e| os_error("fcntl(F_ADD_SEALS)", e))?;
@@ -244,6 +259,10 @@ impl Backend for HostBackend {
             rustix::system::uname().release().to_string_lossy(),
             self.devices.len()
         )
+    }
+
+    fn host_capacity(&self) -> u64 {
+        total_ram()
     }
 
     fn devices(&self) -> &[DeviceInfo] {
@@ -270,7 +289,9 @@ impl Backend for HostBackend {
         // One munmap drops the mappings with the placeholder. A map that splits the end of a
         // placeholder may take the process one VMA past vm.max_map_count, and from then on the
         // kernel refuses every mmap, our placeholder-based unmap included; munmap of whole VMAs
-        // needs no new one, so a process at the limit can still free its way out.
+        // needs no new one, so a process at the limit can usually free its way out. (Where the
+        // kernel merged this placeholder with a neighbouring reservation's, the munmap must split
+        // a VMA, which is refused at the limit: the free then fails cleanly, changing nothing.)
         // SAFETY: the caller guarantees this is exactly one of our reservations; its mappings
         // go with it.
         unsafe { self.release(addr, size) }
@@ -386,6 +407,10 @@ impl Backend for HostBackend {
     }
 
     unsafe fn unregister_host(&self, _addr: usize, _size: usize) {}
+
+    fn create_engine(&self, device: u32) -> Result<Box<dyn super::Engine>> {
+        Ok(Box::new(engine::HostEngine::new(device)?))
+    }
 
     unsafe fn protect(&self, addr: usize, size: usize, prot: Protection) -> Result<()> {
         // SAFETY: the range is mapped pages of our own reservation.

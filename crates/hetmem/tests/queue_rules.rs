@@ -1,0 +1,767 @@
+//! One test per rule of device queues, command lists, events and fences (issue 3, "Device
+//! queues and events"), on the host backend.
+
+use std::time::{Duration, Instant};
+
+use hetmem::{AccessAttribute, AllocDesc, Context, Device, PhysicalMemoryFlags, Runtime};
+use hetmem::{CommandList, FreePolicy, SyncStatus, MAX_FILL_PATTERN_SIZE};
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+const FOREVER: u64 = u64::MAX;
+
+const INVALID_ARGUMENT: u32 = 0x7800_0004;
+const INVALID_NULL_POINTER: u32 = 0x7800_0007;
+const INVALID_SIZE: u32 = 0x7800_0008;
+
+fn setup(capacity: u64) -> (Runtime, Device, Device, Context) {
+    let rt = Runtime::builder()
+        .host_devices(2)
+        .host_device_memory(capacity)
+        .build()
+        .expect("runtime");
+    let d0 = rt.driver().device(0).unwrap();
+    let d1 = rt.driver().device(1).unwrap();
+    let ctx = rt.driver().create_context().unwrap();
+    (rt, d0, d1, ctx)
+}
+
+fn code<T: std::fmt::Debug>(r: hetmem::Result<T>) -> u32 {
+    r.expect_err("expected an error").ze_result()
+}
+
+/// # Safety: `[p, p+n)` is live host-accessible memory.
+unsafe fn bytes<'a>(p: usize, n: usize) -> &'a mut [u8] {
+    unsafe { std::slice::from_raw_parts_mut(p as *mut u8, n) }
+}
+
+/// A page-aligned heap buffer (for imports).
+struct HeapPages {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+impl HeapPages {
+    fn new(size: usize) -> HeapPages {
+        let layout = std::alloc::Layout::from_size_align(size, 64 * KIB).unwrap();
+        // SAFETY: non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        HeapPages { ptr, layout }
+    }
+    fn addr(&self) -> usize {
+        self.ptr as usize
+    }
+}
+impl Drop for HeapPages {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+/// A mapped, read-write virtual-memory range of `size` bytes on `dev`; returns its base.
+fn vm_buffer(ctx: &Context, dev: &Device, size: usize) -> usize {
+    let page = ctx.query_page_size(dev, size).unwrap();
+    let size = size.next_multiple_of(page);
+    let r = ctx.reserve(None, size).unwrap();
+    let phys = ctx
+        .create_physical_memory(Some(dev), PhysicalMemoryFlags::AllocateOnDevice, size)
+        .unwrap();
+    ctx.map(r.base, size, phys, 0, AccessAttribute::ReadWrite)
+        .unwrap();
+    r.base
+}
+
+fn closed_list(ctx: &Context, dev: &Device, f: impl FnOnce(&CommandList)) -> CommandList {
+    let l = ctx.create_command_list(dev).unwrap();
+    f(&l);
+    l.close().unwrap();
+    l
+}
+
+#[test]
+fn commands_of_one_queue_run_in_order() {
+    let (_rt, d0, _d1, ctx) = setup(256 << 20);
+    let n = 64 * KIB;
+    let buf = ctx.alloc_device(&d0, &AllocDesc::new(n)).unwrap();
+    let outs: Vec<usize> = (0..32)
+        .map(|_| ctx.alloc_host(&AllocDesc::new(n)).unwrap())
+        .collect();
+    let q = ctx.create_command_queue(&d0).unwrap();
+    // fill buf with i, copy it to outs[i], then the next i: each copy must see the fill just
+    // before it and none after.
+    let l = closed_list(&ctx, &d0, |l| {
+        for (i, &o) in outs.iter().enumerate() {
+            l.append_memory_fill(buf, &[i as u8 + 1], n, None, &[])
+                .unwrap();
+            l.append_memory_copy(o, buf, n, None, &[]).unwrap();
+        }
+    });
+    q.execute_command_lists(&[&l], None).unwrap();
+    // A second batch on the same queue runs after the first.
+    let l2 = closed_list(&ctx, &d0, |l| {
+        l.append_memory_fill(buf, &[0xEE], n, None, &[]).unwrap()
+    });
+    q.execute_command_lists(&[&l2], None).unwrap();
+    assert_eq!(q.synchronize(FOREVER).unwrap(), SyncStatus::Ready);
+    for (i, &o) in outs.iter().enumerate() {
+        let b = unsafe { bytes(o, n) };
+        assert!(b.iter().all(|&x| x == i as u8 + 1), "copy {i} out of order");
+    }
+    assert!(unsafe { bytes(buf, n) }.iter().all(|&x| x == 0xEE));
+}
+
+#[test]
+fn copies_between_every_pair_of_memory_kinds_carry_the_bytes() {
+    let (_rt, d0, d1, ctx) = setup(256 << 20);
+    let n = 128 * KIB;
+    let half = n / 2;
+    let heap = HeapPages::new(n);
+    let kinds: Vec<(&str, usize)> = vec![
+        ("host", ctx.alloc_host(&AllocDesc::new(n)).unwrap()),
+        (
+            "device0",
+            ctx.alloc_device(&d0, &AllocDesc::new(n)).unwrap(),
+        ),
+        (
+            "device1",
+            ctx.alloc_device(&d1, &AllocDesc::new(n)).unwrap(),
+        ),
+        (
+            "shared",
+            ctx.alloc_shared(Some(&d0), &AllocDesc::new(n)).unwrap(),
+        ),
+        (
+            "imported",
+            ctx.import_system_memory(heap.addr(), n, false).unwrap(),
+        ),
+        ("vm-mapping", vm_buffer(&ctx, &d1, n)),
+    ];
+    let l = ctx.create_immediate_command_list(&d0).unwrap();
+    let mut seed = 1u8;
+    for &(sn, s) in &kinds {
+        for &(dn, d) in &kinds {
+            seed = seed.wrapping_add(37);
+            let src = unsafe { bytes(s, half) };
+            for (i, b) in src.iter_mut().enumerate() {
+                *b = (i as u8).wrapping_mul(seed) ^ seed;
+            }
+            let want = src.to_vec();
+            let dst = d + half;
+            unsafe { bytes(dst, half) }.fill(0);
+            l.append_memory_copy(dst, s, half, None, &[]).unwrap();
+            assert_eq!(l.host_synchronize(FOREVER).unwrap(), SyncStatus::Ready);
+            assert!(
+                unsafe { bytes(dst, half) } == &want[..],
+                "copy {sn} -> {dn} lost bytes"
+            );
+        }
+    }
+    drop(l);
+    ctx.free_memory(heap.addr()).unwrap();
+}
+
+#[test]
+fn fills_with_every_pattern_size_from_1_to_128_repeat_the_pattern() {
+    let (_rt, d0, _d1, ctx) = setup(64 << 20);
+    let n = 64 * KIB;
+    let buf = ctx.alloc_device(&d0, &AllocDesc::new(n)).unwrap();
+    let l = ctx.create_immediate_command_list(&d0).unwrap();
+    let mut len = 1;
+    while len <= MAX_FILL_PATTERN_SIZE {
+        let pattern: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(7) + 1).collect();
+        unsafe { bytes(buf, n) }.fill(0xAA);
+        // An offset and a size that is not a multiple of the pattern: the tail gets a prefix.
+        let off = 3;
+        let size = 10 * KIB + 5;
+        l.append_memory_fill(buf + off, &pattern, size, None, &[])
+            .unwrap();
+        l.host_synchronize(FOREVER).unwrap();
+        let b = unsafe { bytes(buf, n) };
+        for i in 0..size {
+            assert_eq!(b[off + i], pattern[i % len], "pattern {len}, byte {i}");
+        }
+        assert!(
+            b[..off].iter().all(|&x| x == 0xAA),
+            "pattern {len} wrote before"
+        );
+        assert!(
+            b[off + size..].iter().all(|&x| x == 0xAA),
+            "pattern {len} wrote past the end"
+        );
+        len *= 2;
+    }
+}
+
+#[test]
+fn fill_pattern_not_a_power_of_two_up_to_128_is_invalid_size() {
+    let (_rt, d0, _d1, ctx) = setup(64 << 20);
+    let buf = ctx.alloc_device(&d0, &AllocDesc::new(64 * KIB)).unwrap();
+    let l = ctx.create_command_list(&d0).unwrap();
+    for len in [0usize, 3, 6, 100, 129, 256] {
+        let p = vec![1u8; len];
+        assert_eq!(
+            code(l.append_memory_fill(buf, &p, 64, None, &[])),
+            INVALID_SIZE,
+            "{len}"
+        );
+    }
+}
+
+#[test]
+fn bad_pointers_and_sizes_are_rejected_at_append_and_nothing_is_appended() {
+    let (_rt, d0, _d1, ctx) = setup(64 << 20);
+    let n = 64 * KIB;
+    let a = ctx.alloc_device(&d0, &AllocDesc::new(n)).unwrap();
+    let b = ctx.alloc_host(&AllocDesc::new(n)).unwrap();
+    let freed = ctx.alloc_host(&AllocDesc::new(n)).unwrap();
+    ctx.free_memory(freed).unwrap();
+    let stack = [0u8; 64];
+    let unknown = stack.as_ptr() as usize;
+    unsafe { bytes(a, n) }.fill(0x11);
+    let l = ctx.create_command_list(&d0).unwrap();
+    let cases: Vec<(&str, hetmem::Result<()>, u32)> = vec![
+        (
+            "null dst",
+            l.append_memory_copy(0, b, 16, None, &[]),
+            INVALID_NULL_POINTER,
+        ),
+        (
+            "null src",
+            l.append_memory_copy(a, 0, 16, None, &[]),
+            INVALID_NULL_POINTER,
+        ),
+        (
+            "null fill",
+            l.append_memory_fill(0, &[1], 16, None, &[]),
+            INVALID_NULL_POINTER,
+        ),
+        (
+            "unknown dst",
+            l.append_memory_copy(unknown, b, 16, None, &[]),
+            INVALID_ARGUMENT,
+        ),
+        (
+            "unknown src",
+            l.append_memory_copy(a, unknown, 16, None, &[]),
+            INVALID_ARGUMENT,
+        ),
+        (
+            "freed dst",
+            l.append_memory_copy(freed, b, 16, None, &[]),
+            INVALID_ARGUMENT,
+        ),
+        (
+            "copy past end of allocation",
+            l.append_memory_copy(a + 1, b, n, None, &[]),
+            INVALID_ARGUMENT,
+        ),
+        (
+            "fill past end of allocation",
+            l.append_memory_fill(a, &[1], n + 1, None, &[]),
+            INVALID_ARGUMENT,
+        ),
+        (
+            "size overflows the address space",
+            l.append_memory_copy(a, b, usize::MAX, None, &[]),
+            INVALID_ARGUMENT,
+        ),
+    ];
+    for (what, r, want) in cases {
+        assert_eq!(code(r), want, "{what}");
+    }
+    // Nothing of the rejected appends was recorded: executing the list changes nothing.
+    l.close().unwrap();
+    let q = ctx.create_command_queue(&d0).unwrap();
+    q.execute_command_lists(&[&l], None).unwrap();
+    q.synchronize(FOREVER).unwrap();
+    assert!(unsafe { bytes(a, n) }.iter().all(|&x| x == 0x11));
+    // An interior, in-bounds copy is fine.
+    let ok = ctx.create_command_list(&d0).unwrap();
+    ok.append_memory_copy(a + 100, b + 200, n - 200, None, &[])
+        .unwrap();
+}
+
+#[repr(C, align(4096))]
+struct Pages([u8; 2 * 4096]);
+static READ_ONLY: Pages = Pages([7; 2 * 4096]);
+
+#[test]
+fn read_only_import_can_be_a_source_but_not_a_destination() {
+    let (_rt, d0, _d1, ctx) = setup(64 << 20);
+    let ro = std::ptr::addr_of!(READ_ONLY) as usize;
+    ctx.import_system_memory(ro, 2 * 4096, true).unwrap();
+    let a = ctx.alloc_device(&d0, &AllocDesc::new(8192)).unwrap();
+    let l = ctx.create_immediate_command_list(&d0).unwrap();
+    assert_eq!(
+        code(l.append_memory_copy(ro, a, 8192, None, &[])),
+        INVALID_ARGUMENT
+    );
+    assert_eq!(
+        code(l.append_memory_fill(ro, &[1], 16, None, &[])),
+        INVALID_ARGUMENT
+    );
+    l.append_memory_copy(a, ro, 8192, None, &[]).unwrap();
+    l.host_synchronize(FOREVER).unwrap();
+    assert!(unsafe { bytes(a, 8192) }.iter().all(|&x| x == 7));
+    assert!(READ_ONLY.0.iter().all(|&x| x == 7));
+    ctx.free_memory(ro).unwrap();
+}
+
+#[test]
+fn virtual_memory_operands_need_mapped_pages_with_the_right_access() {
+    let (_rt, d0, _d1, ctx) = setup(64 << 20);
+    let page = ctx.query_page_size(&d0, 2 * MIB).unwrap();
+    let r = ctx.reserve(None, 2 * page).unwrap();
+    let phys = ctx
+        .create_physical_memory(Some(&d0), PhysicalMemoryFlags::AllocateOnDevice, page)
+        .unwrap();
+    ctx.map(r.base, page, phys, 0, AccessAttribute::ReadWrite)
+        .unwrap();
+    let h = ctx.alloc_host(&AllocDesc::new(64 * KIB)).unwrap();
+    let l = ctx.create_command_list(&d0).unwrap();
+    // Running into the unmapped second page.
+    assert_eq!(
+        code(l.append_memory_copy(r.base + page - 16, h, 32, None, &[])),
+        INVALID_ARGUMENT
+    );
+    // Wholly in the unmapped page.
+    assert_eq!(
+        code(l.append_memory_fill(r.base + page, &[1], 16, None, &[])),
+        INVALID_ARGUMENT
+    );
+    // Past the end of the reservation.
+    assert_eq!(
+        code(l.append_memory_copy(h, r.base + 2 * page - 8, 16, None, &[])),
+        INVALID_ARGUMENT
+    );
+    ctx.set_access_attribute(r.base, page, AccessAttribute::ReadOnly)
+        .unwrap();
+    assert_eq!(
+        code(l.append_memory_copy(r.base, h, 16, None, &[])),
+        INVALID_ARGUMENT,
+        "read-only pages are no destination"
+    );
+    l.append_memory_copy(h, r.base, 16, None, &[]).unwrap();
+    ctx.set_access_attribute(r.base, page, AccessAttribute::None)
+        .unwrap();
+    assert_eq!(
+        code(l.append_memory_copy(h, r.base, 16, None, &[])),
+        INVALID_ARGUMENT,
+        "NONE pages are no source"
+    );
+    ctx.free_reservation(r).unwrap();
+    ctx.destroy_physical_memory(phys).unwrap();
+}
+
+#[test]
+fn memory_freed_between_append_and_execute_is_rejected_at_execute() {
+    let (_rt, d0, _d1, ctx) = setup(64 << 20);
+    let a = ctx.alloc_device(&d0, &AllocDesc::new(64 * KIB)).unwrap();
+    let b = ctx.alloc_host(&AllocDesc::new(64 * KIB)).unwrap();
+    let l = closed_list(&ctx, &d0, |l| {
+        l.append_memory_copy(a, b, 64 * KIB, None, &[]).unwrap()
+    });
+    ctx.free_memory(b).unwrap();
+    let q = ctx.create_command_queue(&d0).unwrap();
+    assert_eq!(code(q.execute_command_lists(&[&l], None)), INVALID_ARGUMENT);
+    assert_eq!(q.synchronize(0).unwrap(), SyncStatus::Ready);
+}
+
+#[test]
+fn list_state_rules_closed_open_immediate_and_empty() {
+    let (_rt, d0, d1, ctx) = setup(64 << 20);
+    let a = ctx.alloc_device(&d0, &AllocDesc::new(64 * KIB)).unwrap();
+    let q = ctx.create_command_queue(&d0).unwrap();
+    let open = ctx.create_command_list(&d0).unwrap();
+    open.append_memory_fill(a, &[1], 16, None, &[]).unwrap();
+    assert_eq!(
+        code(q.execute_command_lists(&[&open], None)),
+        INVALID_ARGUMENT
+    );
+    assert_eq!(code(q.execute_command_lists(&[], None)), INVALID_SIZE);
+    open.close().unwrap();
+    assert_eq!(
+        code(open.append_memory_fill(a, &[1], 16, None, &[])),
+        INVALID_ARGUMENT,
+        "append to a closed list"
+    );
+    open.reset().unwrap();
+    open.append_memory_fill(a, &[2], 16, None, &[]).unwrap();
+    let imm = ctx.create_immediate_command_list(&d0).unwrap();
+    assert!(imm.is_immediate());
+    assert_eq!(
+        code(q.execute_command_lists(&[&imm], None)),
+        INVALID_ARGUMENT
+    );
+    let other = closed_list(&ctx, &d1, |_| {});
+    assert_eq!(
+        code(q.execute_command_lists(&[&other], None)),
+        INVALID_ARGUMENT,
+        "list of another device"
+    );
+    let q2 = ctx.create_command_queue(&d0).unwrap();
+    let f2 = q2.create_fence().unwrap();
+    open.close().unwrap();
+    assert_eq!(
+        code(q.execute_command_lists(&[&open], Some(&f2))),
+        INVALID_ARGUMENT,
+        "fence of another queue"
+    );
+    let fresh = ctx.create_command_list(&d0).unwrap();
+    assert_eq!(
+        code(fresh.append_wait_on_events(&[])),
+        INVALID_SIZE,
+        "waiting on no event"
+    );
+}
+
+#[test]
+fn overlapping_copies_behave_as_memmove() {
+    let (_rt, d0, _d1, ctx) = setup(64 << 20);
+    let n = 4096;
+    let a = ctx.alloc_device(&d0, &AllocDesc::new(n)).unwrap();
+    let init: Vec<u8> = (0..n).map(|i| i as u8).collect();
+    let l = ctx.create_immediate_command_list(&d0).unwrap();
+    // Forward overlap.
+    unsafe { bytes(a, n) }.copy_from_slice(&init);
+    l.append_memory_copy(a + 100, a, 1000, None, &[]).unwrap();
+    l.host_synchronize(FOREVER).unwrap();
+    let mut want = init.clone();
+    want.copy_within(0..1000, 100);
+    assert!(unsafe { bytes(a, n) } == &want[..]);
+    // Backward overlap.
+    unsafe { bytes(a, n) }.copy_from_slice(&init);
+    l.append_memory_copy(a, a + 100, 1000, None, &[]).unwrap();
+    l.host_synchronize(FOREVER).unwrap();
+    let mut want = init.clone();
+    want.copy_within(100..1100, 0);
+    assert!(unsafe { bytes(a, n) } == &want[..]);
+}
+
+#[test]
+fn events_signalled_on_one_queue_release_waits_on_another() {
+    let (_rt, d0, d1, ctx) = setup(64 << 20);
+    let n = 64 * KIB;
+    let x = ctx.alloc_device(&d0, &AllocDesc::new(n)).unwrap();
+    let y = ctx.alloc_device(&d1, &AllocDesc::new(n)).unwrap();
+    let filled = ctx.create_event().unwrap();
+    let copied = ctx.create_event().unwrap();
+    let qa = ctx.create_command_queue(&d1).unwrap();
+    let qb = ctx.create_command_queue(&d0).unwrap();
+    // Queue A waits for B's fill, then copies and signals.
+    let la = closed_list(&ctx, &d1, |l| {
+        l.append_memory_copy(y, x, n, Some(&copied), &[&filled])
+            .unwrap()
+    });
+    qa.execute_command_lists(&[&la], None).unwrap();
+    assert_eq!(
+        copied.host_synchronize(20_000_000).unwrap(),
+        SyncStatus::NotReady,
+        "the copy must wait for the fill's event"
+    );
+    assert_eq!(qa.synchronize(0).unwrap(), SyncStatus::NotReady);
+    let lb = closed_list(&ctx, &d0, |l| {
+        l.append_memory_fill(x, &[0x5A, 0xA5], n, None, &[])
+            .unwrap();
+        l.append_signal_event(&filled).unwrap();
+    });
+    qb.execute_command_lists(&[&lb], None).unwrap();
+    assert_eq!(copied.host_synchronize(FOREVER).unwrap(), SyncStatus::Ready);
+    assert_eq!(copied.query_status().unwrap(), SyncStatus::Ready);
+    let yb = unsafe { bytes(y, n) };
+    assert!(yb.chunks(2).all(|c| c == [0x5A, 0xA5]));
+    // Host reset, host signal, barrier and wait-on-events.
+    copied.host_reset().unwrap();
+    assert_eq!(copied.query_status().unwrap(), SyncStatus::NotReady);
+    let gate = ctx.create_event().unwrap();
+    let done = ctx.create_event().unwrap();
+    let lc = closed_list(&ctx, &d1, |l| {
+        l.append_wait_on_events(&[&gate]).unwrap();
+        l.append_memory_fill(y, &[9], n, None, &[]).unwrap();
+        l.append_barrier(Some(&done), &[]).unwrap();
+    });
+    qa.execute_command_lists(&[&lc], None).unwrap();
+    assert_eq!(done.host_synchronize(0).unwrap(), SyncStatus::NotReady);
+    gate.host_signal().unwrap();
+    assert_eq!(done.host_synchronize(FOREVER).unwrap(), SyncStatus::Ready);
+    assert!(unsafe { bytes(y, n) }.iter().all(|&b| b == 9));
+}
+
+#[test]
+fn fence_is_signalled_when_its_batch_finishes_and_resets() {
+    let (_rt, d0, _d1, ctx) = setup(64 << 20);
+    let a = ctx.alloc_device(&d0, &AllocDesc::new(64 * KIB)).unwrap();
+    let q = ctx.create_command_queue(&d0).unwrap();
+    let f = q.create_fence().unwrap();
+    let gate = ctx.create_event().unwrap();
+    assert_eq!(f.query_status().unwrap(), SyncStatus::NotReady);
+    let l = closed_list(&ctx, &d0, |l| {
+        l.append_memory_fill(a, &[3], 64 * KIB, None, &[&gate])
+            .unwrap()
+    });
+    q.execute_command_lists(&[&l], Some(&f)).unwrap();
+    assert_eq!(f.host_synchronize(5_000_000).unwrap(), SyncStatus::NotReady);
+    gate.host_signal().unwrap();
+    assert_eq!(f.host_synchronize(FOREVER).unwrap(), SyncStatus::Ready);
+    assert!(unsafe { bytes(a, 64 * KIB) }.iter().all(|&b| b == 3));
+    f.reset().unwrap();
+    assert_eq!(f.query_status().unwrap(), SyncStatus::NotReady);
+}
+
+#[test]
+fn synchronize_with_a_timeout_returns_not_ready_while_a_long_copy_runs() {
+    let (_rt, d0, _d1, ctx) = setup(1 << 30);
+    let n = 256 * MIB;
+    let src = ctx
+        .alloc_host(&AllocDesc::new(n).relaxed_max_size(true))
+        .unwrap();
+    let dst = ctx
+        .alloc_device(&d0, &AllocDesc::new(n).relaxed_max_size(true))
+        .unwrap();
+    let prep = ctx.create_immediate_command_list(&d0).unwrap();
+    prep.append_memory_fill(src, &[1, 2, 3, 4], n, None, &[])
+        .unwrap();
+    prep.host_synchronize(FOREVER).unwrap();
+    let q = ctx.create_command_queue(&d0).unwrap();
+    let l = closed_list(&ctx, &d0, |l| {
+        l.append_memory_copy(dst, src, n, None, &[]).unwrap()
+    });
+    q.execute_command_lists(&[&l], None).unwrap();
+    assert_eq!(q.synchronize(0).unwrap(), SyncStatus::NotReady);
+    let t = Instant::now();
+    assert_eq!(q.synchronize(1_000_000).unwrap(), SyncStatus::NotReady);
+    assert!(
+        t.elapsed() >= Duration::from_micros(900),
+        "waited its timeout"
+    );
+    assert_eq!(q.synchronize(FOREVER).unwrap(), SyncStatus::Ready);
+    assert_eq!(SyncStatus::NotReady.ze_result(), 1);
+    let d = unsafe { bytes(dst, n) };
+    for off in [0, 4, n / 2, n - 4] {
+        assert_eq!(&d[off..off + 4], &[1, 2, 3, 4], "offset {off}");
+    }
+}
+
+fn task_count() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+/// Runs in a child process (this test binary, this test only, one test thread), so no other
+/// test's threads disturb the count.
+#[test]
+fn dropping_queues_and_immediate_lists_joins_their_engine_threads() {
+    const CHILD: &str = "HETMEM_QUEUE_THREAD_CHILD";
+    if std::env::var_os(CHILD).is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "dropping_queues_and_immediate_lists_joins_their_engine_threads",
+                "--exact",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "child failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"));
+        return;
+    }
+    let before = task_count();
+    {
+        let (_rt, d0, d1, ctx) = setup(64 << 20);
+        let a = ctx.alloc_device(&d0, &AllocDesc::new(MIB)).unwrap();
+        let queues: Vec<_> = (0..3)
+            .map(|i| ctx.create_command_queue(if i % 2 == 0 { &d0 } else { &d1 }))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let imm = ctx.create_immediate_command_list(&d1).unwrap();
+        assert_eq!(
+            task_count(),
+            before + 4,
+            "one engine thread per queue / list"
+        );
+        let never = ctx.create_event().unwrap();
+        for q in &queues {
+            let dev = q.device().clone();
+            let l = closed_list(&ctx, &dev, |l| {
+                l.append_memory_fill(a, &[1], MIB, None, &[]).unwrap()
+            });
+            q.execute_command_lists(&[&l], None).unwrap();
+        }
+        // Work waiting on an event nobody signals must not keep the thread alive.
+        imm.append_memory_fill(a, &[2], MIB, None, &[&never])
+            .unwrap();
+        drop(queues);
+        drop(imm);
+        drop(ctx);
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while task_count() != before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(task_count(), before, "engine threads leaked");
+}
+
+// ---- Free policies (zeMemFreeExt) against real in-flight work ----
+
+const INVALID_ENUMERATION: u32 = 0x7800_000c;
+
+#[test]
+fn free_policy_over_0x3_is_invalid_enumeration_and_the_driver_reports_both_policies() {
+    let (rt, _d0, _d1, _ctx) = setup(64 << 20);
+    assert_eq!(FreePolicy::from_raw(0).unwrap(), FreePolicy::Immediate);
+    assert_eq!(FreePolicy::from_raw(1).unwrap(), FreePolicy::Blocking);
+    assert_eq!(FreePolicy::from_raw(2).unwrap(), FreePolicy::Defer);
+    assert_eq!(FreePolicy::from_raw(3).unwrap(), FreePolicy::Blocking);
+    for bad in [4u32, 5, 0xff, u32::MAX] {
+        assert_eq!(
+            code(FreePolicy::from_raw(bad)),
+            INVALID_ENUMERATION,
+            "{bad:#x}"
+        );
+    }
+    assert_eq!(rt.driver().memory_free_policies(), 0x3);
+}
+
+#[test]
+fn blocking_free_returns_only_after_the_512mib_copy_event_is_signalled() {
+    let (rt, d0, _d1, ctx) = setup(2 << 30);
+    let n = 512 * MIB;
+    let src = ctx.alloc_host(&AllocDesc::new(n)).unwrap();
+    let dst = ctx.alloc_device(&d0, &AllocDesc::new(n)).unwrap();
+    let used = d0.used_memory();
+    let q = ctx.create_command_queue(&d0).unwrap();
+    let gate = ctx.create_event().unwrap();
+    let done = ctx.create_event().unwrap();
+    let l = closed_list(&ctx, &d0, |l| {
+        l.append_memory_copy(dst, src, n, Some(&done), &[&gate])
+            .unwrap()
+    });
+    q.execute_command_lists(&[&l], None).unwrap();
+    let g = gate.clone();
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        g.host_signal().unwrap();
+    });
+    let t = Instant::now();
+    ctx.free_memory_ext(dst, FreePolicy::Blocking).unwrap();
+    assert!(
+        t.elapsed() >= Duration::from_millis(90),
+        "returned before the work"
+    );
+    assert_eq!(done.query_status().unwrap(), SyncStatus::Ready);
+    assert_eq!(
+        d0.used_memory(),
+        used - n as u64,
+        "capacity back after the free"
+    );
+    assert_eq!(rt.driver().pending_frees(), 0);
+    opener.join().unwrap();
+    ctx.free_memory_ext(src, FreePolicy::Blocking).unwrap();
+}
+
+#[test]
+fn defer_free_returns_at_once_and_capacity_comes_back_after_the_work() {
+    let (rt, d0, _d1, ctx) = setup(1 << 30);
+    let n = 64 * MIB;
+    let src = ctx.alloc_host(&AllocDesc::new(n)).unwrap();
+    let before = d0.used_memory();
+    let dst = ctx.alloc_device(&d0, &AllocDesc::new(n)).unwrap();
+    let q = ctx.create_command_queue(&d0).unwrap();
+    let gate = ctx.create_event().unwrap();
+    let done = ctx.create_event().unwrap();
+    let l = closed_list(&ctx, &d0, |l| {
+        l.append_memory_copy(dst, src, n, Some(&done), &[&gate])
+            .unwrap()
+    });
+    q.execute_command_lists(&[&l], None).unwrap();
+    ctx.free_memory_ext(dst, FreePolicy::Defer).unwrap();
+    assert_eq!(done.query_status().unwrap(), SyncStatus::NotReady);
+    // The pointer is invalid at once; the capacity is still held.
+    assert_eq!(code(ctx.free_memory(dst)), INVALID_ARGUMENT);
+    assert_eq!(
+        ctx.get_allocation_properties(dst).unwrap().memory_type,
+        hetmem::MemoryType::Unknown
+    );
+    let l2 = ctx.create_command_list(&d0).unwrap();
+    assert_eq!(
+        code(l2.append_memory_fill(dst, &[1], 16, None, &[])),
+        INVALID_ARGUMENT
+    );
+    assert_eq!(d0.used_memory(), before + n as u64);
+    assert_eq!(rt.driver().pending_frees(), 1);
+    gate.host_signal().unwrap();
+    assert_eq!(q.synchronize(FOREVER).unwrap(), SyncStatus::Ready);
+    assert_eq!(done.query_status().unwrap(), SyncStatus::Ready);
+    assert_eq!(d0.used_memory(), before, "capacity back after the work");
+    assert_eq!(rt.driver().pending_frees(), 0);
+}
+
+#[test]
+fn free_now_with_work_in_flight_never_lets_the_engine_touch_a_later_allocation() {
+    let (rt, d0, _d1, ctx) = setup(256 << 20);
+    let n = 16 * MIB;
+    let src = ctx.alloc_host(&AllocDesc::new(n)).unwrap();
+    unsafe { bytes(src, n) }.fill(0x11);
+    let before = d0.used_memory();
+    let a = ctx.alloc_device(&d0, &AllocDesc::new(n)).unwrap();
+    let q = ctx.create_command_queue(&d0).unwrap();
+    let gate = ctx.create_event().unwrap();
+    let l = closed_list(&ctx, &d0, |l| {
+        l.append_memory_copy(a, src, n, None, &[&gate]).unwrap();
+        l.append_memory_fill(a, &[0x22], n, None, &[]).unwrap();
+    });
+    q.execute_command_lists(&[&l], None).unwrap();
+    ctx.free_memory(a).unwrap();
+    assert_eq!(
+        d0.used_memory(),
+        before,
+        "free now gives the capacity back at once"
+    );
+    // Later allocations never get the memory the queued work will write.
+    let later: Vec<usize> = (0..4)
+        .map(|_| ctx.alloc_device(&d0, &AllocDesc::new(n)).unwrap())
+        .collect();
+    for &b in &later {
+        assert!(
+            b + n <= a || b >= a + n,
+            "a later allocation overlaps freed in-flight memory"
+        );
+        unsafe { bytes(b, n) }.fill(0x77);
+    }
+    gate.host_signal().unwrap();
+    q.synchronize(FOREVER).unwrap();
+    for &b in &later {
+        assert!(unsafe { bytes(b, n) }.iter().all(|&x| x == 0x77));
+    }
+    assert_eq!(
+        rt.driver().pending_frees(),
+        0,
+        "the memory went after the work"
+    );
+    assert_eq!(rt.driver().usm_stats().allocations, 5);
+}
+
+#[test]
+fn blocking_free_without_work_in_flight_frees_at_once() {
+    let (rt, d0, _d1, ctx) = setup(64 << 20);
+    let before = d0.used_memory();
+    let a = ctx.alloc_device(&d0, &AllocDesc::new(MIB)).unwrap();
+    ctx.free_memory_ext(a, FreePolicy::Blocking).unwrap();
+    assert_eq!(d0.used_memory(), before);
+    assert_eq!(rt.driver().usm_stats().allocations, 0);
+    assert_eq!(
+        code(ctx.free_memory_ext(a, FreePolicy::Defer)),
+        INVALID_ARGUMENT
+    );
+    assert_eq!(
+        code(ctx.free_memory_ext(0, FreePolicy::Immediate)),
+        INVALID_NULL_POINTER
+    );
+}
