@@ -237,6 +237,26 @@ fn nonzero(size: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// `UnsupportedSize` unless `size` is a multiple of `page`.
+fn size_multiple(size: usize, page: usize, what: &str) -> Result<()> {
+    if !size.is_multiple_of(page) {
+        return Err(Error::UnsupportedSize(format!(
+            "{what} {size:#x} is not a multiple of its page size {page:#x}"
+        )));
+    }
+    Ok(())
+}
+
+/// `UnsupportedAlignment` unless `value` is a multiple of `page`.
+fn aligned(value: usize, page: usize, what: &str) -> Result<()> {
+    if !value.is_multiple_of(page) {
+        return Err(Error::UnsupportedAlignment(format!(
+            "{what} {value:#x} is not aligned to the page size {page:#x}"
+        )));
+    }
+    Ok(())
+}
+
 impl VmState {
     pub(crate) fn new(backend: &dyn Backend, devmem: Arc<DeviceMemory>) -> VmState {
         let d = backend.devices();
@@ -305,18 +325,8 @@ impl VmState {
 
     fn check_base_aligned(&self, ptr: usize, size: usize) -> Result<()> {
         let page = self.base_page();
-        if !ptr.is_multiple_of(page) {
-            return Err(Error::UnsupportedAlignment(format!(
-                "address {} is not aligned to the {page:#x}-byte page",
-                Addr(ptr)
-            )));
-        }
-        if !size.is_multiple_of(page) {
-            return Err(Error::UnsupportedSize(format!(
-                "size {size:#x} is not a multiple of the {page:#x}-byte page"
-            )));
-        }
-        Ok(())
+        aligned(ptr, page, "address")?;
+        size_multiple(size, page, "size")
     }
 
     /// `zeVirtualMemReserve`. `hint` 0 means none.
@@ -329,11 +339,7 @@ impl VmState {
     ) -> Result<Reservation> {
         nonzero(size, "reservation size")?;
         let page = self.page_size(size);
-        if !size.is_multiple_of(page) {
-            return Err(Error::UnsupportedSize(format!(
-                "reservation size {size:#x} is not a multiple of its page size {page:#x}"
-            )));
-        }
+        size_multiple(size, page, "reservation size")?;
         if size.checked_add(page).is_none() {
             return Err(Error::UnsupportedSize(format!(
                 "reservation size {size:#x} exceeds the address space"
@@ -428,11 +434,7 @@ impl VmState {
             }
             PhysicalLocation::Host => self.page_size(size),
         };
-        if !size.is_multiple_of(page) {
-            return Err(Error::UnsupportedSize(format!(
-                "physical memory size {size:#x} is not a multiple of its page size {page:#x}"
-            )));
-        }
+        size_multiple(size, page, "physical memory size")?;
         if location == PhysicalLocation::Host {
             let cap = backend.host_capacity();
             let free = cap.saturating_sub(self.host_used);
@@ -520,22 +522,9 @@ impl VmState {
         null_check(ptr, "map address")?;
         nonzero(size, "map size")?;
         let page = self.page_size(size);
-        if !size.is_multiple_of(page) {
-            return Err(Error::UnsupportedSize(format!(
-                "map size {size:#x} is not a multiple of its page size {page:#x}"
-            )));
-        }
-        if !ptr.is_multiple_of(page) {
-            return Err(Error::UnsupportedAlignment(format!(
-                "map address {} is not aligned to the page size {page:#x} of a {size:#x}-byte map",
-                Addr(ptr)
-            )));
-        }
-        if !offset.is_multiple_of(page) {
-            return Err(Error::UnsupportedAlignment(format!(
-                "physical offset {offset:#x} is not aligned to the page size {page:#x}"
-            )));
-        }
+        size_multiple(size, page, "map size")?;
+        aligned(ptr, page, "map address")?;
+        aligned(offset, page, "physical offset")?;
         let p = self.physical_of(context, phys)?;
         let (raw, phys_size) = (p.raw, p.size);
         if offset.checked_add(size).is_none_or(|e| e > phys_size) {
@@ -816,13 +805,6 @@ impl VmState {
             }
         }
         Some(Err(format!("page at {} is not mapped", Addr(at))))
-    }
-
-    /// The raw backend handle and size of a physical object (for the demo and later IPC).
-    #[allow(dead_code)]
-    pub(crate) fn raw_physical(&self, context: u64, id: u64) -> Result<(RawPhysical, usize)> {
-        let p = self.physical_of(context, id)?;
-        Ok((p.raw, p.size))
     }
 }
 
