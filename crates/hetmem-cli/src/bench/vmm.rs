@@ -1,183 +1,16 @@
-//! `hetmem bench <group>`: each hetmem operation next to the bare syscalls (or driver calls) it
-//! needs, measured in the same run, interleaved round by round, reported as medians and ratios.
-//!
-//! Ratio convention (every group): a field ending in `_ratio` names the operation and size; for a
-//! latency it is hetmem's time over the baseline's (lower is better, 1.0 = no overhead).
+//! `hetmem bench vmm`: Level Zero virtual memory against the bare syscalls it needs.
 
 use std::hint::black_box;
-use std::os::fd::OwnedFd;
 use std::time::Instant;
 
 use hetmem::{AccessAttribute, Context, Device, PhysicalMemoryFlags, Runtime};
-use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, MprotectFlags, ProtFlags};
 
-/// Arguments of `hetmem bench`.
-#[derive(clap::Args, Debug)]
-pub struct Args {
-    /// Benchmark group: vmm.
-    group: String,
-    /// Write every figure of the group to this JSON file.
-    #[arg(long)]
-    json: Option<std::path::PathBuf>,
-    /// Operations per round and size.
-    #[arg(long, default_value_t = 256)]
-    iters: usize,
-    /// Rounds (hetmem and baseline alternate; the median round counts).
-    #[arg(long, default_value_t = 7)]
-    rounds: usize,
-    /// Live mappings during the get-access measurement.
-    #[arg(long, default_value_t = 50_000)]
-    live_mappings: usize,
-}
+use super::{
+    alternate, e2s, key, median, raw_memfd, raw_release, raw_reserve, size_name, Args, Row, Unit,
+};
 
-/// One row of the table: an operation at a size, hetmem vs its baseline, ns per operation.
-struct Row {
-    op: &'static str,
-    size: &'static str,
-    key: String,
-    hetmem_ns: f64,
-    baseline_ns: Option<f64>,
-    baseline: &'static str,
-    target: Option<&'static str>,
-}
-
-pub fn run(args: Args) -> Result<(), String> {
-    let rows = match args.group.as_str() {
-        "vmm" => bench_vmm(&args)?,
-        other => return Err(format!("unknown benchmark group {other:?}; groups: vmm")),
-    };
-    print_table(&args.group, &rows);
-    if let Some(path) = &args.json {
-        let mut obj = serde_json::Map::new();
-        obj.insert("group".into(), args.group.clone().into());
-        obj.insert("iters".into(), args.iters.into());
-        obj.insert("rounds".into(), args.rounds.into());
-        for r in &rows {
-            obj.insert(format!("{}_ns", r.key), r.hetmem_ns.into());
-            if let Some(b) = r.baseline_ns {
-                obj.insert(format!("{}_baseline_ns", r.key), b.into());
-                obj.insert(format!("{}_ratio", r.key), (r.hetmem_ns / b).into());
-            }
-        }
-        let text = serde_json::to_string_pretty(&serde_json::Value::Object(obj))
-            .map_err(|e| e.to_string())?;
-        std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
-        println!("wrote {}", path.display());
-    }
-    Ok(())
-}
-
-fn print_table(group: &str, rows: &[Row]) {
-    println!(
-        "hetmem bench {group} (ns per operation, median of rounds; ratio = hetmem / baseline)"
-    );
-    println!(
-        "{:<22} {:>7} {:>12} {:>12} {:>7}  {:<44} target",
-        "operation", "size", "hetmem", "baseline", "ratio", "baseline is"
-    );
-    for r in rows {
-        let (b, ratio) = match r.baseline_ns {
-            Some(b) => (format!("{b:.0}"), format!("{:.2}", r.hetmem_ns / b)),
-            None => ("-".into(), "-".into()),
-        };
-        println!(
-            "{:<22} {:>7} {:>12.0} {:>12} {:>7}  {:<44} {}",
-            r.op,
-            r.size,
-            r.hetmem_ns,
-            b,
-            ratio,
-            r.baseline,
-            r.target.unwrap_or("")
-        );
-    }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
-/// Runs `hetmem_round` and `baseline_round` alternately `rounds` times; each returns the ns per
-/// operation of one round. Returns the medians.
-fn alternate(
-    rounds: usize,
-    mut hetmem_round: impl FnMut() -> Result<f64, String>,
-    mut baseline_round: impl FnMut() -> Result<f64, String>,
-) -> Result<(f64, f64), String> {
-    let (mut h, mut b) = (Vec::new(), Vec::new());
-    // One warm-up round of each, not counted.
-    hetmem_round()?;
-    baseline_round()?;
-    // Alternate which side goes first, so that work the kernel defers (RCU frees of VMAs,
-    // page-table teardown) is charged to both sides alike.
-    for r in 0..rounds {
-        if r % 2 == 0 {
-            h.push(hetmem_round()?);
-            b.push(baseline_round()?);
-        } else {
-            b.push(baseline_round()?);
-            h.push(hetmem_round()?);
-        }
-    }
-    Ok((median(h), median(b)))
-}
-
-fn e2s(e: hetmem::Error) -> String {
-    e.to_string()
-}
-
-fn raw_memfd(size: usize) -> Result<OwnedFd, String> {
-    let fd = rustix::fs::memfd_create("bench", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
-        .map_err(|e| e.to_string())?;
-    rustix::fs::ftruncate(&fd, size as u64).map_err(|e| e.to_string())?;
-    rustix::fs::fcntl_add_seals(&fd, SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL)
-        .map_err(|e| e.to_string())?;
-    Ok(fd)
-}
-
-/// A raw reservation for the baselines: `mmap(PROT_NONE)` aligned to `align`.
-fn raw_reserve(size: usize, align: usize) -> Result<usize, String> {
-    // SAFETY: a fresh anonymous mapping; the slack is unmapped at once.
-    unsafe {
-        let p = rustix::mm::mmap_anonymous(
-            std::ptr::null_mut(),
-            size + align,
-            ProtFlags::empty(),
-            MapFlags::PRIVATE | MapFlags::NORESERVE,
-        )
-        .map_err(|e| e.to_string())? as usize;
-        let start = (p + align - 1) & !(align - 1);
-        if start > p {
-            rustix::mm::munmap(p as *mut _, start - p).map_err(|e| e.to_string())?;
-        }
-        let tail = p + size + align - (start + size);
-        if tail > 0 {
-            rustix::mm::munmap((start + size) as *mut _, tail).map_err(|e| e.to_string())?;
-        }
-        Ok(start)
-    }
-}
-
-fn raw_release(addr: usize, size: usize) {
-    // SAFETY: a raw reservation of ours.
-    unsafe { rustix::mm::munmap(addr as *mut _, size).ok() };
-}
-
-fn size_name(s: usize) -> &'static str {
-    match s {
-        0x10000 => "64KiB",
-        0x200000 => "2MiB",
-        _ => "?",
-    }
-}
-
-fn key(op: &str, s: usize) -> String {
-    format!("{op}_{}", size_name(s).to_ascii_lowercase())
-}
-
-fn bench_vmm(args: &Args) -> Result<Vec<Row>, String> {
+pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
     let rt = Runtime::builder()
         .host_devices(1)
         .host_device_memory(8 << 30)
@@ -223,6 +56,7 @@ fn reserve_free(ctx: &Context, args: &Args, page: usize) -> Result<Row, String> 
         },
     )?;
     Ok(Row {
+        unit: Unit::Ns,
         op: "reserve+free",
         size: size_name(page),
         key: key("reserve_free", page),
@@ -256,6 +90,7 @@ fn create_destroy(ctx: &Context, dev: &Device, args: &Args, page: usize) -> Resu
         },
     )?;
     Ok(Row {
+        unit: Unit::Ns,
         op: "create+destroy",
         size: size_name(page),
         key: key("create_destroy", page),
@@ -353,6 +188,7 @@ fn map_unmap(ctx: &Context, dev: &Device, args: &Args, page: usize) -> Result<Ve
     raw_release(raw_base, span);
     Ok(vec![
         Row {
+            unit: Unit::Ns,
             op: "map",
             size: size_name(page),
             key: key("map", page),
@@ -362,6 +198,7 @@ fn map_unmap(ctx: &Context, dev: &Device, args: &Args, page: usize) -> Result<Ve
             target: (page == 2 << 20).then_some("<= 1.3x"),
         },
         Row {
+            unit: Unit::Ns,
             op: "unmap",
             size: size_name(page),
             key: key("unmap", page),
@@ -444,6 +281,7 @@ fn set_access(ctx: &Context, dev: &Device, args: &Args, page: usize) -> Result<R
     ctx.destroy_physical_memory(phys).map_err(e2s)?;
     raw_release(raw_base, span);
     Ok(Row {
+        unit: Unit::Ns,
         op: "set-access",
         size: size_name(page),
         key: key("set_access", page),
@@ -494,6 +332,7 @@ fn get_access_live(ctx: &Context, dev: &Device, live: usize, n: usize) -> Result
     ctx.free_reservation(res).map_err(e2s)?;
     ctx.destroy_physical_memory(phys).map_err(e2s)?;
     Ok(Row {
+        unit: Unit::Ns,
         op: "get-access",
         size: "64KiB",
         key: format!("get_access_{}k_live", live / 1000),

@@ -1,0 +1,213 @@
+//! `hetmem bench <group>`: each hetmem operation next to the bare syscalls (or driver calls) it
+//! needs, measured in the same run, interleaved round by round, reported as medians and ratios.
+//!
+//! Ratio convention (every group): a field ending in `_ratio` names the operation and size; for a
+//! latency it is hetmem's time over the baseline's (lower is better, 1.0 = no overhead); for a
+//! bandwidth it is hetmem's bandwidth over the baseline's (higher is better).
+//!
+//! Each group lives in its own submodule and returns its rows.
+
+mod vmm;
+
+use std::os::fd::OwnedFd;
+
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::mm::{MapFlags, ProtFlags};
+
+/// Arguments of `hetmem bench`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Benchmark group: vmm.
+    pub group: String,
+    /// Write every figure of the group to this JSON file.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+    /// Operations per round and size.
+    #[arg(long, default_value_t = 256)]
+    pub iters: usize,
+    /// Rounds (hetmem and baseline alternate; the median round counts).
+    #[arg(long, default_value_t = 7)]
+    pub rounds: usize,
+    /// Live mappings during the get-access measurement (vmm).
+    #[arg(long, default_value_t = 50_000)]
+    pub live_mappings: usize,
+}
+
+/// What a row measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// Nanoseconds per operation (lower is better).
+    Ns,
+    /// Bandwidth in GiB/s (higher is better).
+    #[allow(dead_code)] // the usm group measures bandwidths
+    GiBps,
+}
+
+impl Unit {
+    fn suffix(self) -> &'static str {
+        match self {
+            Unit::Ns => "ns",
+            Unit::GiBps => "gibps",
+        }
+    }
+}
+
+/// One row of the table: an operation at a size, hetmem vs its baseline measured in the same
+/// run. The ratio is always hetmem's figure over the baseline's (for latencies lower is better,
+/// for bandwidths higher is better).
+pub struct Row {
+    pub op: &'static str,
+    pub size: &'static str,
+    pub key: String,
+    pub unit: Unit,
+    pub hetmem_ns: f64,
+    pub baseline_ns: Option<f64>,
+    pub baseline: &'static str,
+    pub target: Option<&'static str>,
+}
+
+pub fn run(args: Args) -> Result<(), String> {
+    let rows = match args.group.as_str() {
+        "vmm" => vmm::bench(&args)?,
+        other => return Err(format!("unknown benchmark group {other:?}; groups: vmm")),
+    };
+    print_table(&args.group, &rows);
+    if let Some(path) = &args.json {
+        let mut obj = serde_json::Map::new();
+        obj.insert("group".into(), args.group.clone().into());
+        obj.insert("iters".into(), args.iters.into());
+        obj.insert("rounds".into(), args.rounds.into());
+        for r in &rows {
+            let unit = r.unit.suffix();
+            obj.insert(format!("{}_{unit}", r.key), r.hetmem_ns.into());
+            if let Some(b) = r.baseline_ns {
+                obj.insert(format!("{}_baseline_{unit}", r.key), b.into());
+                obj.insert(format!("{}_ratio", r.key), (r.hetmem_ns / b).into());
+            }
+        }
+        let text = serde_json::to_string_pretty(&serde_json::Value::Object(obj))
+            .map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn print_table(group: &str, rows: &[Row]) {
+    println!(
+        "hetmem bench {group} (median of rounds; unit ns = per operation, gibps = GiB/s; \
+         ratio = hetmem / baseline)"
+    );
+    println!(
+        "{:<22} {:>7} {:>6} {:>12} {:>12} {:>7}  {:<44} target",
+        "operation", "size", "unit", "hetmem", "baseline", "ratio", "baseline is"
+    );
+    for r in rows {
+        let (b, ratio) = match r.baseline_ns {
+            Some(b) => (fmt_value(b), format!("{:.2}", r.hetmem_ns / b)),
+            None => ("-".into(), "-".into()),
+        };
+        println!(
+            "{:<22} {:>7} {:>6} {:>12} {:>12} {:>7}  {:<44} {}",
+            r.op,
+            r.size,
+            r.unit.suffix(),
+            fmt_value(r.hetmem_ns),
+            b,
+            ratio,
+            r.baseline,
+            r.target.unwrap_or("")
+        );
+    }
+}
+
+fn fmt_value(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Runs `hetmem_round` and `baseline_round` alternately `rounds` times; each returns the ns per
+/// operation of one round. Returns the medians.
+pub fn alternate(
+    rounds: usize,
+    mut hetmem_round: impl FnMut() -> Result<f64, String>,
+    mut baseline_round: impl FnMut() -> Result<f64, String>,
+) -> Result<(f64, f64), String> {
+    let (mut h, mut b) = (Vec::new(), Vec::new());
+    // One warm-up round of each, not counted.
+    hetmem_round()?;
+    baseline_round()?;
+    // Alternate which side goes first, so that work the kernel defers (RCU frees of VMAs,
+    // page-table teardown) is charged to both sides alike.
+    for r in 0..rounds {
+        if r % 2 == 0 {
+            h.push(hetmem_round()?);
+            b.push(baseline_round()?);
+        } else {
+            b.push(baseline_round()?);
+            h.push(hetmem_round()?);
+        }
+    }
+    Ok((median(h), median(b)))
+}
+
+pub fn e2s(e: hetmem::Error) -> String {
+    e.to_string()
+}
+
+pub fn raw_memfd(size: usize) -> Result<OwnedFd, String> {
+    let fd = rustix::fs::memfd_create("bench", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+        .map_err(|e| e.to_string())?;
+    rustix::fs::ftruncate(&fd, size as u64).map_err(|e| e.to_string())?;
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL)
+        .map_err(|e| e.to_string())?;
+    Ok(fd)
+}
+
+/// A raw reservation for the baselines: `mmap(PROT_NONE)` aligned to `align`.
+pub fn raw_reserve(size: usize, align: usize) -> Result<usize, String> {
+    // SAFETY: a fresh anonymous mapping; the slack is unmapped at once.
+    unsafe {
+        let p = rustix::mm::mmap_anonymous(
+            std::ptr::null_mut(),
+            size + align,
+            ProtFlags::empty(),
+            MapFlags::PRIVATE | MapFlags::NORESERVE,
+        )
+        .map_err(|e| e.to_string())? as usize;
+        let start = (p + align - 1) & !(align - 1);
+        if start > p {
+            rustix::mm::munmap(p as *mut _, start - p).map_err(|e| e.to_string())?;
+        }
+        let tail = p + size + align - (start + size);
+        if tail > 0 {
+            rustix::mm::munmap((start + size) as *mut _, tail).map_err(|e| e.to_string())?;
+        }
+        Ok(start)
+    }
+}
+
+pub fn raw_release(addr: usize, size: usize) {
+    // SAFETY: a raw reservation of ours.
+    unsafe { rustix::mm::munmap(addr as *mut _, size).ok() };
+}
+
+pub fn size_name(s: usize) -> &'static str {
+    match s {
+        0x10000 => "64KiB",
+        0x200000 => "2MiB",
+        _ => "?",
+    }
+}
+
+pub fn key(op: &str, s: usize) -> String {
+    format!("{op}_{}", size_name(s).to_ascii_lowercase())
+}
