@@ -57,6 +57,9 @@ pub struct Args {
     /// Seed of the synthetic request stream.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Which scene to run (default: all of them, the KV cache first).
+    #[arg(long, value_enum, default_value_t = Scene::All)]
+    scene: Scene,
     /// Replay a CSV in the Azure LLM inference trace format
     /// (TIMESTAMP,ContextTokens,GeneratedTokens), e.g.
     /// ../shared/data/azure-llm-inference-2023/conv.csv.
@@ -99,7 +102,39 @@ fn quantile_us(v: &mut [u64], q: f64) -> f64 {
     v[i] as f64 / 1000.0
 }
 
+/// The scenes of `hetmem demo`. `all` (the default) runs each in turn, the KV cache first.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scene {
+    /// Every scene, in turn.
+    All,
+    /// The growable KV cache (the main job).
+    KvCache,
+}
+
+impl Scene {
+    /// The scenes `all` runs, in order.
+    const ALL: &'static [Scene] = &[Scene::KvCache];
+}
+
 pub fn run(args: Args) -> Result<(), String> {
+    let scenes = match args.scene {
+        Scene::All => Scene::ALL.to_vec(),
+        one => vec![one],
+    };
+    for (i, scene) in scenes.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        match scene {
+            Scene::KvCache => run_kv_cache(&args)?,
+            Scene::All => unreachable!("not a scene of its own"),
+        }
+    }
+    Ok(())
+}
+
+/// The growable KV cache scene.
+fn run_kv_cache(args: &Args) -> Result<(), String> {
     in_range(args.layers as u64, 1024, "layers")?;
     in_range(args.kv_heads as u64, 1 << 16, "kv-heads")?;
     in_range(args.head_dim as u64, 1 << 16, "head-dim")?;
