@@ -308,7 +308,7 @@ fn run_kv_cache(args: &Args) -> Result<(), String> {
     }
 
     report(
-        &args,
+        args,
         &stats,
         clipped,
         created,
