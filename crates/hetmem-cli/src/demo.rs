@@ -6,7 +6,10 @@
 //! serving loop. With `--trace`, request sizes come from the Azure LLM inference trace 2023
 //! (CC-BY 4.0), Patel et al., "Splitwise", ISCA 2024, read from `../shared/data/`, never copied.
 
+mod free_policies;
+mod ipc;
 mod kvcache;
+mod managed;
 mod server;
 mod workload;
 
@@ -109,11 +112,24 @@ pub enum Scene {
     All,
     /// The growable KV cache (the main job).
     KvCache,
+    /// The free policies of zeMemFreeExt on a queued 512 MiB copy (host backend, 1 GiB device).
+    FreePolicies,
+    /// Weight sharing: a trainer process publishes its tensors with one IPC range handle; a
+    /// server process opens it and checksums every tensor (vs one handle per tensor).
+    Ipc,
+    /// ACL managed memory: a working set 4x one device, processed in chunks with prefetch;
+    /// migration counters and range attributes.
+    Managed,
 }
 
 impl Scene {
     /// The scenes `all` runs, in order.
-    const ALL: &'static [Scene] = &[Scene::KvCache];
+    const ALL: &'static [Scene] = &[
+        Scene::KvCache,
+        Scene::FreePolicies,
+        Scene::Ipc,
+        Scene::Managed,
+    ];
 }
 
 pub fn run(args: Args) -> Result<(), String> {
@@ -127,6 +143,9 @@ pub fn run(args: Args) -> Result<(), String> {
         }
         match scene {
             Scene::KvCache => run_kv_cache(&args)?,
+            Scene::FreePolicies => free_policies::run()?,
+            Scene::Ipc => ipc::run()?,
+            Scene::Managed => managed::run()?,
             Scene::All => unreachable!("not a scene of its own"),
         }
     }

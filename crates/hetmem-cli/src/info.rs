@@ -83,6 +83,7 @@ pub fn run(args: Args) -> Result<(), String> {
                 .unwrap_or_else(|_| "unset, default half a device".into())
         );
     }
+    managed_info(&rt, &ctx);
     println!("limits:");
     println!("  host RAM: {}", human(host::total_ram()));
     println!("  OS page size: {} B", host::os_page_size());
@@ -95,4 +96,39 @@ pub fn run(args: Args) -> Result<(), String> {
         host::max_map_count().map_or("unknown".into(), |v| v.to_string())
     );
     Ok(())
+}
+
+/// Managed memory: whether it works here (a 2 MiB allocation is made and freed) and the
+/// driver's migration counters.
+fn managed_info(rt: &hetmem::Runtime, ctx: &hetmem::Context) {
+    match ctx.alloc_managed(1, hetmem::ACL_RT_MEM_ATTACH_GLOBAL) {
+        Ok(p) => {
+            let _ = ctx.free_managed(p);
+            println!(
+                "managed memory: available (userfaultfd migration, {} pages)",
+                human(hetmem::MANAGED_PAGE_SIZE as u64)
+            );
+        }
+        Err(e) => println!("managed memory: unavailable ({e})"),
+    }
+    let s = rt.driver().managed_stats();
+    println!(
+        "  counters: {} allocations, host faults {} ({} fault events), to host {} pages ({})",
+        s.allocations,
+        s.host_faults,
+        s.fault_events,
+        s.pages_to_host,
+        human(s.bytes_to_host)
+    );
+    for (i, d) in s.devices.iter().enumerate() {
+        println!(
+            "  device {i}: to device {} pages ({}), from device {} pages ({}), evictions {}, resident {} pages",
+            d.pages_to_device,
+            human(d.bytes_to_device),
+            d.pages_from_device,
+            human(d.bytes_from_device),
+            d.evictions,
+            d.resident_pages
+        );
+    }
 }

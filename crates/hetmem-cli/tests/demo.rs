@@ -13,10 +13,11 @@ fn conv_trace() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Runs `hetmem demo ARGS` on the host backend with `device_memory` per device (2 devices).
+/// Runs `hetmem demo --scene kv-cache ARGS` on the host backend with `device_memory` per device
+/// (2 devices). The other scenes have tests of their own.
 fn demo(args: &[&str], device_memory: &str) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_hetmem"));
-    c.arg("demo").args(args);
+    c.arg("demo").args(["--scene", "kv-cache"]).args(args);
     for (k, _) in std::env::vars() {
         if k.starts_with("HETMEM_") {
             c.env_remove(k);

@@ -153,6 +153,7 @@ impl RuntimeBuilder {
         };
         let devmem = Arc::new(DeviceMemory::new(backend.devices()));
         let vm = VmState::new(backend.as_ref(), devmem.clone());
+        let managed = crate::managed::ManagedState::new(devmem.clone());
         let usm = UsmState::new(backend.as_ref(), devmem);
         let shared = Arc::new(DriverShared {
             kind: self.backend,
@@ -161,6 +162,7 @@ impl RuntimeBuilder {
             vm: RwLock::new(vm),
             usm: RwLock::new(usm),
             inflight: crate::queue::InFlight::default(),
+            managed,
         });
         Ok(Runtime {
             driver: Driver { shared },
@@ -210,6 +212,8 @@ pub(crate) struct DriverShared {
     pub(crate) usm: RwLock<UsmState>,
     /// In-flight references of queued device work to USM allocations ([`crate::queue`]).
     pub(crate) inflight: crate::queue::InFlight,
+    /// ACL managed memory ([`crate::managed`]); its own lock, never held with `usm` or `vm`.
+    pub(crate) managed: crate::managed::ManagedState,
 }
 
 /// A driver (`ze_driver_handle_t`): one backend and its devices.
@@ -250,7 +254,11 @@ impl Driver {
     }
 
     /// Creates a context (`zeContextCreate`). Everything made in a context (reservations,
-    /// mappings, physical objects) is released when its last handle is dropped.
+    /// mappings, physical objects, USM allocations and imports) is released when its last
+    /// handle is dropped (`zeContextDestroy`); a USM allocation that queued work of another
+    /// context still references goes when that work finishes, never under it (its device
+    /// capacity comes back then). The context's own queues and lists hold it alive, and their
+    /// work has finished before it goes.
     pub fn create_context(&self) -> Result<Context> {
         let id = crate::capacity::fresh_id();
         Ok(Context {
@@ -312,8 +320,18 @@ struct ContextInner {
 impl Drop for ContextInner {
     fn drop(&mut self) {
         let d = &self.driver;
-        d.usm.write().release_context(d.backend.as_ref(), self.id);
+        d.managed.release_context(self.id);
+        // USM memory that queued work (of another context's queues) still references is
+        // released when that work finishes, as DEFER_FREE does; the rest goes now. Taken out
+        // under the write lock, so no new submission can reference it from here on.
+        let taken = d.usm.write().take_context(self.id);
+        for p in taken {
+            if let Some(p) = d.inflight.defer_or_return(p) {
+                p.finish(d.backend.as_ref());
+            }
+        }
         d.vm.write().release_context(d.backend.as_ref(), self.id);
+        crate::ipc::release_context(d.backend.as_ref(), self.id);
     }
 }
 
@@ -329,6 +347,11 @@ pub struct Context {
 
 impl Context {
     fn d(&self) -> &DriverShared {
+        &self.inner.driver
+    }
+
+    /// The driver's shared state (for the semantics modules' `impl Context` blocks).
+    pub(crate) fn driver_shared(&self) -> &DriverShared {
         &self.inner.driver
     }
 
@@ -608,6 +631,9 @@ impl Context {
         if let Some(p) = d.usm.read().properties(ptr) {
             return Ok(p);
         }
+        if let Some(p) = crate::ipc::opened_properties(ptr) {
+            return Ok(p);
+        }
         let vm = d.vm.read().pointer_info(ptr);
         Ok(match vm.and_then(|v| v.mapped) {
             Some((id, loc, page_size)) => {
@@ -640,6 +666,9 @@ impl Context {
         }
         let d = self.d();
         if let Some(r) = d.usm.read().address_range(ptr) {
+            return Ok(r);
+        }
+        if let Some(r) = crate::ipc::opened_range(ptr) {
             return Ok(r);
         }
         d.vm.read()

@@ -106,6 +106,36 @@ impl Error {
         }
     }
 
+    /// The ACL `aclError` value of this error (values from the CANN `acl_base.h` /
+    /// `acl_rt.h`), as the managed-memory semantics ([`crate::managed`]) choose variants:
+    /// - 100000 `ACL_ERROR_INVALID_PARAM` (checked at the API layer): `InvalidNullPointer`,
+    ///   `InvalidSize` (size 0), `InvalidEnumeration` (bad flag values);
+    /// - 107000 `ACL_ERROR_RT_PARAM_INVALID`: `InvalidArgument` (bad device / NUMA id, refused
+    ///   advice), `UnsupportedEnumeration` (out-of-range enum values), `UnsupportedSize` (size
+    ///   not a multiple of 2 MiB, over 3 TiB, bad dataSize), `AddressNotFound` (not managed),
+    ///   `InvalidNullHandle`, `HandleObjectInUse`;
+    /// - 107008 `ACL_ERROR_RT_ADDR_UNALIGNED`: `UnsupportedAlignment`;
+    /// - 207000 `ACL_ERROR_RT_FEATURE_NOT_SUPPORT`: `UnsupportedFeature`, `Uninitialized`;
+    /// - 207001 `ACL_ERROR_RT_MEMORY_ALLOCATION`: `OutOfHostMemory`, `OutOfDeviceMemory`;
+    /// - 507899 `ACL_ERROR_RT_INTERNAL_ERROR`: `Unknown`.
+    pub fn acl_error(&self) -> u32 {
+        match self {
+            Error::InvalidNullPointer(_) | Error::InvalidSize(_) | Error::InvalidEnumeration(_) => {
+                100_000
+            }
+            Error::InvalidArgument(_)
+            | Error::UnsupportedEnumeration(_)
+            | Error::UnsupportedSize(_)
+            | Error::AddressNotFound(_)
+            | Error::InvalidNullHandle(_)
+            | Error::HandleObjectInUse(_) => 107_000,
+            Error::UnsupportedAlignment(_) => 107_008,
+            Error::UnsupportedFeature(_) | Error::Uninitialized(_) => 207_000,
+            Error::OutOfHostMemory(_) | Error::OutOfDeviceMemory(_) => 207_001,
+            Error::Unknown(_) => 507_899,
+        }
+    }
+
     /// The message without the code's prefix.
     pub fn message(&self) -> &str {
         match self {

@@ -7,8 +7,8 @@
 //! Layers, each calling only the one below:
 //! - safe API: [`Runtime`], [`Driver`], [`Device`], [`Context`];
 //! - semantics ([`vmm`] for virtual memory, [`usm`] for host / device / shared allocations,
-//!   imports of system memory and their queries): every spec rule, validation, error selection
-//!   and bookkeeping;
+//!   imports of system memory and their queries, [`managed`] for ACL managed memory with
+//!   fault-driven migration): every spec rule, validation, error selection and bookkeeping;
 //! - backend trait ([`backend::Backend`]): raw operations, no spec logic;
 //! - backends ([`backend::host`]).
 //!
@@ -32,6 +32,8 @@ pub mod backend;
 mod capacity;
 pub mod driver;
 pub mod error;
+pub mod ipc;
+pub mod managed;
 pub mod queue;
 pub mod ranges;
 pub mod usm;
@@ -39,6 +41,11 @@ pub mod vmm;
 
 pub use driver::{parse_bytes, BackendKind, Context, Device, Driver, Runtime, RuntimeBuilder};
 pub use error::{Error, Result};
+pub use ipc::{IpcHandle, IpcHandleKind, IpcHandleTypes, IpcProperties};
+pub use managed::{
+    Advice, DeviceBuffer, Location, ManagedDeviceStats, ManagedStats, RangeAttribute, Residency,
+    Stream, ACL_RT_MEM_ATTACH_GLOBAL, MANAGED_PAGE_SIZE,
+};
 pub use queue::{
     CommandList, CommandQueue, Event, Fence, FreePolicy, SyncStatus, MAX_FILL_PATTERN_SIZE,
 };

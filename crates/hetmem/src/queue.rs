@@ -41,6 +41,9 @@
 //!   references and holds them until the batch has finished, so the free policies of
 //!   `zeMemFreeExt` can wait for them (`InFlight`): BLOCKING waits, DEFER and free-now hand
 //!   the release to the last batch that references the memory ([`FreePolicy`]).
+//! - **Context teardown** (dropping the last [`Context`] handle) releases its USM memory the
+//!   DEFER way: memory that queued work of another context's queues still references goes
+//!   when that work finishes (its device capacity with it), the rest at once.
 //! - Memory of a virtual-memory mapping must stay mapped until the work that uses it has
 //!   finished (as in Level Zero); it is not reference-counted.
 //!
@@ -487,6 +490,22 @@ impl Submitter {
         Ok(())
     }
 
+    /// Queues a host function after everything submitted before, counted as one batch (for
+    /// stream-ordered managed-memory work, [`crate::managed::Stream`]).
+    fn submit_host(&self, f: Box<dyn FnOnce() + Send>) {
+        let progress = self.progress.clone();
+        let ops = vec![
+            EngineOp::Host(f),
+            EngineOp::Host(Box::new(move || {
+                progress.counts.lock().1 += 1;
+                progress.cv.notify_all();
+            })),
+        ];
+        self.progress.counts.lock().0 += 1;
+        // SAFETY: no memory operation; host functions only.
+        unsafe { self.engine.submit(ops) };
+    }
+
     /// Waits for every batch submitted before the call.
     fn synchronize(&self, timeout_ns: u64) -> SyncStatus {
         let target = self.progress.counts.lock().0;
@@ -581,6 +600,14 @@ impl CommandQueue {
     /// `NotReady` if work is still running when the timeout expires.
     pub fn synchronize(&self, timeout_ns: u64) -> Result<SyncStatus> {
         Ok(self.sub.synchronize(timeout_ns))
+    }
+}
+
+impl CommandQueue {
+    /// Queues a host function in order on the queue's engine (CUDA: `cuLaunchHostFunc`): how
+    /// managed-memory streams ([`crate::managed::Stream`]) run their stream-ordered work.
+    pub(crate) fn submit_host(&self, f: Box<dyn FnOnce() + Send>) {
+        self.sub.submit_host(f)
     }
 }
 
@@ -831,6 +858,39 @@ impl FreePolicy {
                 "free policy {flags:#x} exceeds 0x3 (BLOCKING_FREE | DEFER_FREE)"
             ))),
         }
+    }
+
+    /// `ZE_STRUCTURE_TYPE_MEMORY_FREE_EXT_DESC` (0x1000a): the stype of
+    /// `ze_memory_free_ext_desc_t`.
+    pub const DESC_STYPE: u32 = 0x1000a;
+
+    /// `ZE_STRUCTURE_TYPE_DRIVER_MEMORY_FREE_EXT_PROPERTIES` (0x10009): the stype of the
+    /// driver's free-policy properties, which the conformance suite puts in the free
+    /// descriptor; accepted there too.
+    pub const PROPERTIES_STYPE: u32 = 0x10009;
+
+    /// Decodes a raw `ze_memory_free_ext_desc_t` (`zeMemFreeExt`'s `pMemFreeDesc`): its `stype`
+    /// and `freePolicy` fields, for the C ABI.
+    ///
+    /// - `free_policy` over 0x3 -> `InvalidEnumeration`, checked first, as the loader's
+    ///   parameter-validation layer does (`0x3 < pMemFreeDesc->freePolicy`);
+    /// - `stype` must be [`FreePolicy::DESC_STYPE`] (0x1000a) or, as the conformance suite
+    ///   sends it, [`FreePolicy::PROPERTIES_STYPE`] (0x10009); any other is `InvalidArgument`,
+    ///   the validation layer's answer for a descriptor of the wrong base type
+    ///   (`validateStructureTypes`; the reference driver itself does not read `stype`);
+    /// - then the policy as [`FreePolicy::from_raw`].
+    pub fn from_desc(stype: u32, free_policy: u32) -> Result<FreePolicy> {
+        if free_policy > Self::SUPPORTED {
+            return FreePolicy::from_raw(free_policy);
+        }
+        if stype != Self::DESC_STYPE && stype != Self::PROPERTIES_STYPE {
+            return Err(Error::InvalidArgument(format!(
+                "free descriptor stype {stype:#x} is not ZE_STRUCTURE_TYPE_MEMORY_FREE_EXT_DESC \
+                 ({:#x})",
+                Self::DESC_STYPE
+            )));
+        }
+        FreePolicy::from_raw(free_policy)
     }
 
     /// The C flag value.

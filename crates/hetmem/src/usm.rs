@@ -102,6 +102,19 @@ impl CompressionHint {
     }
 }
 
+/// `ZE_STRUCTURE_TYPE_RELAXED_ALLOCATION_LIMITS_EXT_DESC` (0x10016), the extension form.
+pub const RELAXED_LIMITS_EXT_STYPE: u32 = 0x10016;
+/// `ZE_STRUCTURE_TYPE_RELAXED_ALLOCATION_LIMITS_EXP_DESC` (0x00020001), the experimental form
+/// (same layout: `stype`, `pNext`, `flags`).
+pub const RELAXED_LIMITS_EXP_STYPE: u32 = 0x0002_0001;
+
+/// Whether a descriptor chained on an allocation descriptor is relaxed allocation limits, in
+/// either form ([`RELAXED_LIMITS_EXT_STYPE`] or [`RELAXED_LIMITS_EXP_STYPE`]); its flags then go
+/// to [`relaxed_max_size_from_raw`].
+pub fn is_relaxed_limits_stype(stype: u32) -> bool {
+    stype == RELAXED_LIMITS_EXT_STYPE || stype == RELAXED_LIMITS_EXP_STYPE
+}
+
 /// Decodes `ze_relaxed_allocation_limits_ext_flags_t` (and the experimental form): returns
 /// whether MAX_SIZE (1 << 0) is set. Bits over 0x1 are `InvalidEnumeration`; a chained
 /// descriptor without MAX_SIZE is `InvalidArgument` (reference driver, `allocHostMem`).
@@ -482,18 +495,6 @@ impl UsmState {
         Ok(ptr)
     }
 
-    fn release(&self, backend: &dyn Backend, ptr: usize, r: AllocRec) {
-        match r.raw {
-            // SAFETY: the record was the only owner of this live allocation.
-            Some(raw) => unsafe { backend.free_alloc(ptr, r.span, raw) },
-            // SAFETY: registered at import; the memory itself stays.
-            None => unsafe { backend.unregister_host(ptr, r.size) },
-        }
-        if let (Some(d), true) = (r.device, r.charged > 0) {
-            self.devmem.give_back(d as usize, r.charged);
-        }
-    }
-
     /// `zeMemFreeExt`, first half: takes the allocation or import at `ptr` (the base of a live
     /// one of `context`, as `zeMemFree` needs) out of the bookkeeping, so the pointer is
     /// invalid at once, and returns it with its memory and capacity still held; the caller
@@ -549,18 +550,42 @@ impl UsmState {
         self.find(ptr).map(|(b, r)| (b, r.size))
     }
 
-    /// Frees every allocation and import of `context`.
-    pub(crate) fn release_context(&mut self, backend: &dyn Backend, context: u64) {
+    /// IPC ([`crate::ipc`]): the allocation or import containing `ptr` as `(base, span in
+    /// bytes, kind, id, context, backend handle)` (no handle for imports of system memory).
+    pub(crate) fn ipc_source(
+        &self,
+        ptr: usize,
+    ) -> Option<(usize, usize, MemoryType, u64, u64, Option<RawAllocation>)> {
+        let (b, r) = self.find(ptr)?;
+        Some((b, r.span, r.kind, r.id, r.context, r.raw))
+    }
+
+    /// IPC range export ([`crate::ipc`]): a live allocation or import overlapping
+    /// `[start, end)`, as `(base, end)`.
+    pub(crate) fn overlapping_range(&self, start: usize, end: usize) -> Option<(usize, usize)> {
+        self.overlapping(start, end)
+    }
+
+    /// Context teardown, first half: takes every allocation and import of `context` out of the
+    /// bookkeeping (their pointers are invalid at once) and returns them with memory and
+    /// capacity still held. The caller releases each with [`PendingFree::finish`] once no
+    /// queued work references it (deferred like [`crate::queue::FreePolicy::Defer`]), since
+    /// queues of other contexts may still be copying from or into them.
+    pub(crate) fn take_context(&mut self, context: u64) -> Vec<PendingFree> {
         let bases: Vec<usize> = self
             .allocs
             .iter()
             .filter(|(_, r)| r.context == context)
             .map(|(&b, _)| b)
             .collect();
-        for b in bases {
-            let r = self.allocs.remove(&b).expect("listed");
-            self.release(backend, b, r);
-        }
+        bases
+            .into_iter()
+            .map(|ptr| PendingFree {
+                ptr,
+                rec: self.allocs.remove(&ptr).expect("listed"),
+                devmem: self.devmem.clone(),
+            })
+            .collect()
     }
 
     pub(crate) fn stats(&self) -> UsmStats {

@@ -752,6 +752,41 @@ impl VmState {
         })
     }
 
+    /// IPC ([`crate::ipc`]): the backend handle, size, context and location of physical
+    /// object `id`.
+    pub(crate) fn physical_raw(
+        &self,
+        id: u64,
+    ) -> Option<(RawPhysical, usize, u64, PhysicalLocation)> {
+        self.physical
+            .get(&id)
+            .map(|p| (p.raw, p.size, p.context, p.location))
+    }
+
+    /// IPC range export ([`crate::ipc`]): the mapped runs along `[start, end)` clipped to it, in
+    /// address order, as `(physical id, offset into the object, length)`; `Err(addr)` names the
+    /// first byte of `[start, end)` that is not mapped.
+    pub(crate) fn mapped_pieces(
+        &self,
+        start: usize,
+        end: usize,
+    ) -> std::result::Result<Vec<(u64, usize, usize)>, usize> {
+        let mut out = Vec::new();
+        let mut at = start;
+        for (s, e) in self.mapped.overlapping(start, end) {
+            if s > at {
+                return Err(at);
+            }
+            let stop = e.end.min(end);
+            out.push((e.value.phys, e.value.offset + (at - s), stop - at));
+            at = stop;
+            if at >= end {
+                return Ok(out);
+            }
+        }
+        Err(at)
+    }
+
     /// Whether any reservation overlaps `[start, end)` (imports of system memory must not).
     pub(crate) fn reservation_overlaps(&self, start: usize, end: usize) -> bool {
         matches!(self.reservations.range(..end).next_back(), Some((&b, r)) if b + r.size > start)

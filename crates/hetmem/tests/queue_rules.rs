@@ -765,3 +765,228 @@ fn blocking_free_without_work_in_flight_frees_at_once() {
         INVALID_NULL_POINTER
     );
 }
+
+#[test]
+fn free_descriptor_with_the_properties_stype_is_accepted_and_others_are_invalid_argument() {
+    // ZE_STRUCTURE_TYPE_MEMORY_FREE_EXT_DESC and, as the conformance suite sends it,
+    // ZE_STRUCTURE_TYPE_DRIVER_MEMORY_FREE_EXT_PROPERTIES.
+    for stype in [0x1000a, 0x10009] {
+        assert_eq!(
+            FreePolicy::from_desc(stype, 0).unwrap(),
+            FreePolicy::Immediate
+        );
+        assert_eq!(
+            FreePolicy::from_desc(stype, 1).unwrap(),
+            FreePolicy::Blocking
+        );
+        assert_eq!(FreePolicy::from_desc(stype, 2).unwrap(), FreePolicy::Defer);
+        assert_eq!(
+            FreePolicy::from_desc(stype, 3).unwrap(),
+            FreePolicy::Blocking
+        );
+    }
+    assert_eq!(FreePolicy::DESC_STYPE, 0x1000a);
+    assert_eq!(FreePolicy::PROPERTIES_STYPE, 0x10009);
+    for bad in [0u32, 0x10008, 0x1000b, 0x00020049, u32::MAX] {
+        let e = FreePolicy::from_desc(bad, 1).unwrap_err();
+        assert_eq!(e.ze_result(), INVALID_ARGUMENT, "stype {bad:#x}");
+        assert!(e.message().contains(&format!("{bad:#x}")), "{e}");
+    }
+    // A policy over 0x3 is INVALID_ENUMERATION whatever the stype (checked first).
+    for stype in [0x1000a, 0x10009, 0] {
+        let e = FreePolicy::from_desc(stype, 4).unwrap_err();
+        assert_eq!(e.ze_result(), INVALID_ENUMERATION, "stype {stype:#x}");
+        assert!(e.message().contains("0x4"), "{e}");
+    }
+}
+
+#[test]
+fn context_teardown_defers_release_of_memory_that_queued_work_references() {
+    let (rt, d0, _d1, ctx) = setup(1 << 30);
+    let n = 128 * MIB;
+    let before = d0.used_memory();
+    // The memory belongs to `other`; the queue and the work to `ctx`.
+    let other = rt.driver().create_context().unwrap();
+    let src = other.alloc_device(&d0, &AllocDesc::new(n)).unwrap();
+    let scratch = other.alloc_host(&AllocDesc::new(n)).unwrap();
+    unsafe { bytes(src, n) }.fill(0x5a);
+    let dst = ctx.alloc_host(&AllocDesc::new(n)).unwrap();
+    let q = ctx.create_command_queue(&d0).unwrap();
+    let gate = ctx.create_event().unwrap();
+    let l = closed_list(&ctx, &d0, |l| {
+        // Reads `src` and writes `scratch` of the context about to go, after the gate.
+        l.append_memory_copy(dst, src, n, None, &[&gate]).unwrap();
+        l.append_memory_fill(scratch, &[7], n, None, &[]).unwrap();
+    });
+    q.execute_command_lists(&[&l], None).unwrap();
+    drop(other); // the last handle: zeContextDestroy with work in flight
+                 // Its allocations are gone from the bookkeeping at once, their memory is not.
+    assert_eq!(
+        rt.driver().usm_stats().allocations,
+        1,
+        "only ctx's dst left"
+    );
+    assert_eq!(
+        ctx.get_allocation_properties(src).unwrap().memory_type,
+        hetmem::MemoryType::Unknown
+    );
+    assert_eq!(rt.driver().pending_frees(), 2);
+    assert_eq!(
+        d0.used_memory(),
+        before + n as u64,
+        "capacity held while work references it"
+    );
+    // Later allocations never get the memory the queued work still uses.
+    let later = ctx.alloc_device(&d0, &AllocDesc::new(n)).unwrap();
+    assert!(later + n <= src || later >= src + n);
+    assert!(later + n <= scratch || later >= scratch + n);
+    gate.host_signal().unwrap();
+    assert_eq!(q.synchronize(FOREVER).unwrap(), SyncStatus::Ready);
+    assert!(
+        unsafe { bytes(dst, n) }.iter().all(|&b| b == 0x5a),
+        "the copy read the torn-down context's memory intact"
+    );
+    assert_eq!(rt.driver().pending_frees(), 0, "released after the work");
+    ctx.free_memory(later).unwrap();
+    assert_eq!(d0.used_memory(), before, "capacity back after the work");
+    ctx.free_memory(dst).unwrap();
+    assert_eq!(rt.driver().usm_stats(), hetmem::UsmStats::default());
+}
+
+#[test]
+fn context_teardown_without_work_in_flight_releases_at_once() {
+    let (rt, d0, _d1, _ctx) = setup(256 << 20);
+    let before = d0.used_memory();
+    let other = rt.driver().create_context().unwrap();
+    other.alloc_device(&d0, &AllocDesc::new(4 * MIB)).unwrap();
+    other.alloc_shared(Some(&d0), &AllocDesc::new(MIB)).unwrap();
+    other.alloc_host(&AllocDesc::new(MIB)).unwrap();
+    assert_eq!(d0.used_memory(), before + 5 * MIB as u64);
+    drop(other);
+    assert_eq!(rt.driver().pending_frees(), 0);
+    assert_eq!(d0.used_memory(), before);
+    assert_eq!(rt.driver().usm_stats(), hetmem::UsmStats::default());
+}
+
+#[test]
+fn shared_allocations_are_reachable_from_the_host_and_every_device() {
+    let (_rt, d0, d1, ctx) = setup(64 << 20);
+    let n = 64 * KIB;
+    let q = n / 4;
+    let q0 = ctx.create_command_queue(&d0).unwrap();
+    let q1 = ctx.create_command_queue(&d1).unwrap();
+    for assoc in [Some(&d0), Some(&d1), None] {
+        let s = ctx.alloc_shared(assoc, &AllocDesc::new(n)).unwrap();
+        let p = ctx.get_allocation_properties(s).unwrap();
+        assert_eq!(p.memory_type, hetmem::MemoryType::Shared);
+        assert_eq!(p.device, assoc.map(|d| d.ordinal()));
+        let out0 = ctx.alloc_device(&d0, &AllocDesc::new(n)).unwrap();
+        let out1 = ctx.alloc_device(&d1, &AllocDesc::new(n)).unwrap();
+        // The host writes the first quarter, device 0 the second, device 1 the third.
+        unsafe { bytes(s, q) }.fill(1);
+        let l0 = closed_list(&ctx, &d0, |l| {
+            l.append_memory_fill(s + q, &[2], q, None, &[]).unwrap();
+            l.append_memory_copy(out0, s, n, None, &[]).unwrap();
+        });
+        q0.execute_command_lists(&[&l0], None).unwrap();
+        assert_eq!(q0.synchronize(FOREVER).unwrap(), SyncStatus::Ready);
+        let l1 = closed_list(&ctx, &d1, |l| {
+            l.append_memory_fill(s + 2 * q, &[3], q, None, &[]).unwrap();
+            l.append_memory_copy(out1, s, n, None, &[]).unwrap();
+        });
+        q1.execute_command_lists(&[&l1], None).unwrap();
+        assert_eq!(q1.synchronize(FOREVER).unwrap(), SyncStatus::Ready);
+        let want = |upto: u8| -> Vec<u8> {
+            (0..4u8)
+                .flat_map(|i| std::iter::repeat_n(if i < upto { i + 1 } else { 0 }, q))
+                .collect()
+        };
+        assert_eq!(unsafe { bytes(s, n) }, &want(3)[..], "host view");
+        assert_eq!(unsafe { bytes(out0, n) }, &want(2)[..], "device 0 read");
+        assert_eq!(unsafe { bytes(out1, n) }, &want(3)[..], "device 1 read");
+        for a in [s, out0, out1] {
+            ctx.free_memory(a).unwrap();
+        }
+    }
+}
+
+#[repr(C, align(4096))]
+struct Pages4k([u8; 2 * 4096]);
+static mut IMPORT_STATIC_RW: Pages4k = Pages4k([0; 2 * 4096]);
+static IMPORT_STATIC_RO: Pages4k = Pages4k([0x3c; 2 * 4096]);
+
+#[test]
+fn imports_of_heap_stack_static_and_read_only_memory_carry_device_copies_in_and_out() {
+    let (_rt, d0, d1, ctx) = setup(64 << 20);
+    let n = 2 * 4096;
+    let dev = ctx.alloc_device(&d1, &AllocDesc::new(n)).unwrap();
+    let imm = ctx.create_immediate_command_list(&d0).unwrap();
+    let q1 = ctx.create_command_queue(&d1).unwrap();
+    let heap = HeapPages::new(n);
+    let mut stack = Pages4k([0; 2 * 4096]);
+    let regions = [
+        ("heap", heap.addr()),
+        ("stack", stack.0.as_mut_ptr() as usize),
+        ("static", std::ptr::addr_of_mut!(IMPORT_STATIC_RW) as usize),
+    ];
+    for (k, (name, p)) in regions.into_iter().enumerate() {
+        assert_eq!(ctx.import_system_memory(p, n, false).unwrap(), p, "{name}");
+        // In: device memory -> the import, on device 0's immediate list.
+        unsafe { bytes(dev, n) }.fill(0x10 + k as u8);
+        imm.append_memory_copy(p, dev, n, None, &[]).unwrap();
+        assert_eq!(imm.host_synchronize(FOREVER).unwrap(), SyncStatus::Ready);
+        assert!(
+            unsafe { bytes(p, n) }.iter().all(|&b| b == 0x10 + k as u8),
+            "copy into {name} import"
+        );
+        // Out: the import -> device memory, on device 1's queue.
+        unsafe { bytes(p, n) }.fill(0x20 + k as u8);
+        let l = closed_list(&ctx, &d1, |l| {
+            l.append_memory_copy(dev, p, n, None, &[]).unwrap()
+        });
+        q1.execute_command_lists(&[&l], None).unwrap();
+        assert_eq!(q1.synchronize(FOREVER).unwrap(), SyncStatus::Ready);
+        assert!(
+            unsafe { bytes(dev, n) }
+                .iter()
+                .all(|&b| b == 0x20 + k as u8),
+            "copy out of {name} import"
+        );
+        ctx.free_memory(p).unwrap();
+    }
+    std::hint::black_box(&mut stack);
+    // Read-only static memory: only with the read-only flag, then devices only read it.
+    let ro = std::ptr::addr_of!(IMPORT_STATIC_RO) as usize;
+    assert_eq!(
+        code(ctx.import_system_memory(ro, n, false)),
+        INVALID_ARGUMENT
+    );
+    assert_eq!(ctx.import_system_memory(ro, n, true).unwrap(), ro);
+    imm.append_memory_copy(dev, ro, n, None, &[]).unwrap();
+    assert_eq!(imm.host_synchronize(FOREVER).unwrap(), SyncStatus::Ready);
+    assert!(unsafe { bytes(dev, n) }.iter().all(|&b| b == 0x3c));
+    assert_eq!(
+        code(imm.append_memory_copy(ro, dev, n, None, &[])),
+        INVALID_ARGUMENT,
+        "a read-only import is not a destination"
+    );
+    assert_eq!(
+        code(imm.append_memory_fill(ro, &[0], n, None, &[])),
+        INVALID_ARGUMENT
+    );
+    ctx.free_memory(ro).unwrap();
+    assert!(IMPORT_STATIC_RO.0.iter().all(|&b| b == 0x3c));
+}
+
+#[test]
+fn driver_reports_the_free_policies_it_supports() {
+    let (rt, _d0, _d1, _ctx) = setup(64 << 20);
+    // ze_driver_memory_free_ext_properties_t.freePolicies: BLOCKING_FREE | DEFER_FREE.
+    assert_eq!(rt.driver().memory_free_policies(), 0x3);
+    assert_eq!(FreePolicy::SUPPORTED, 0x3);
+    for raw in 0..=FreePolicy::SUPPORTED {
+        assert!(FreePolicy::from_raw(raw).is_ok(), "{raw:#x} is supported");
+    }
+    assert_eq!(FreePolicy::Blocking.raw(), 1);
+    assert_eq!(FreePolicy::Defer.raw(), 2);
+}

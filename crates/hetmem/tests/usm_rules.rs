@@ -104,6 +104,29 @@ fn size_over_max_alloc_is_unsupported_size_unless_relaxed_max_size() {
 }
 
 #[test]
+fn relaxed_limits_descriptor_in_extension_and_experimental_forms_needs_max_size() {
+    use hetmem::usm::{is_relaxed_limits_stype, relaxed_max_size_from_raw};
+    let (_rt, dev, ctx) = setup();
+    let big = MAX_ALLOC as usize + 2 * MIB;
+    // Both forms are recognised; anything else is not this descriptor.
+    for stype in [0x10016u32, 0x0002_0001] {
+        assert!(is_relaxed_limits_stype(stype), "{stype:#x}");
+        // MAX_SIZE: the size may exceed the largest single allocation.
+        let relaxed = relaxed_max_size_from_raw(1).unwrap();
+        let p = ctx
+            .alloc_device(&dev, &AllocDesc::new(big).relaxed_max_size(relaxed))
+            .unwrap();
+        ctx.free_memory(p).unwrap();
+        // Without MAX_SIZE: INVALID_ARGUMENT; other bits: INVALID_ENUMERATION.
+        assert_eq!(code(relaxed_max_size_from_raw(0)), 0x7800_0004);
+        assert_eq!(code(relaxed_max_size_from_raw(3)), 0x7800_000c);
+    }
+    for other in [0u32, 0x15, 0x16, 0x1000a, 0x10017, 0x0002_0002] {
+        assert!(!is_relaxed_limits_stype(other), "{other:#x}");
+    }
+}
+
+#[test]
 fn relaxed_size_over_whole_capacity_is_unsupported_size() {
     let (_rt, dev, ctx) = setup();
     let d = AllocDesc::new(CAPACITY as usize + 2 * MIB).relaxed_max_size(true);

@@ -7,6 +7,9 @@
 //!
 //! Each group lives in its own submodule and returns its rows.
 
+mod ipc;
+mod managed;
+mod usm;
 mod vmm;
 
 use std::os::fd::OwnedFd;
@@ -17,7 +20,7 @@ use rustix::mm::{MapFlags, ProtFlags};
 /// Arguments of `hetmem bench`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Benchmark group: vmm.
+    /// Benchmark group: vmm, usm, ipc.
     pub group: String,
     /// Write every figure of the group to this JSON file.
     #[arg(long)]
@@ -39,7 +42,6 @@ pub enum Unit {
     /// Nanoseconds per operation (lower is better).
     Ns,
     /// Bandwidth in GiB/s (higher is better).
-    #[allow(dead_code)] // the usm group measures bandwidths
     GiBps,
 }
 
@@ -69,7 +71,16 @@ pub struct Row {
 pub fn run(args: Args) -> Result<(), String> {
     let rows = match args.group.as_str() {
         "vmm" => vmm::bench(&args)?,
-        other => return Err(format!("unknown benchmark group {other:?}; groups: vmm")),
+        "usm" => usm::bench(&args)?,
+        "ipc" => ipc::bench(&args)?,
+        "managed" => managed::bench(&args)?,
+        // The importer process of `ipc` (re-executed by it; not a group of its own).
+        "ipc-importer" => return ipc::importer().map(|_| ()),
+        other => {
+            return Err(format!(
+                "unknown benchmark group {other:?}; groups: vmm, usm, ipc"
+            ))
+        }
     };
     print_table(&args.group, &rows);
     if let Some(path) = &args.json {

@@ -12,6 +12,7 @@
 //! Each method names the CUDA driver call the cuda backend maps it to.
 
 pub mod host;
+pub mod managed;
 
 use crate::error::Result;
 
@@ -307,4 +308,34 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// # Safety
     /// Every page of the range is mapped.
     unsafe fn protect(&self, addr: usize, size: usize, prot: Protection) -> Result<()>;
+
+    /// The raw managed-memory operations ([`managed::ManagedOps`]), made once per driver on
+    /// first use; `Err` says why this platform cannot provide them (the semantics layer turns
+    /// it into `UnsupportedFeature`).
+    ///
+    /// CUDA: the device's `CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY`. Host: `userfaultfd(2)` with
+    /// write-protect support ([`host::managed`]).
+    fn managed(&self) -> std::result::Result<std::sync::Arc<dyn managed::ManagedOps>, String> {
+        Err(format!("the {} backend has no managed memory", self.name()))
+    }
+
+    /// A shareable fd for a physical object, owned by the caller and valid after the object is
+    /// destroyed (it keeps the memory alive). Used by IPC exports ([`crate::ipc`]).
+    ///
+    /// CUDA: `cuMemExportToShareableHandle(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)`. Host:
+    /// `fcntl(F_DUPFD_CLOEXEC)` of the memfd.
+    fn export_physical(&self, raw: RawPhysical) -> Result<std::os::fd::OwnedFd>;
+
+    /// A shareable fd for the memory of a USM allocation, as [`Backend::export_physical`].
+    ///
+    /// CUDA: `cuMemRetainAllocationHandle` + `cuMemExportToShareableHandle`. Host:
+    /// `fcntl(F_DUPFD_CLOEXEC)` of the allocation's memfd.
+    fn export_allocation(&self, raw: RawAllocation) -> Result<std::os::fd::OwnedFd>;
+
+    /// Turns an fd made by an export (of this or another process) into a physical object that
+    /// [`Backend::map`] can map and [`Backend::destroy_physical`] releases; mappings made
+    /// from it stay valid after that release.
+    ///
+    /// CUDA: `cuMemImportFromShareableHandle`. Host: takes ownership of the fd.
+    fn import_physical(&self, fd: std::os::fd::OwnedFd) -> Result<RawPhysical>;
 }

@@ -15,12 +15,16 @@
 //! | free alloc | `munmap(2)`, `close(2)` |
 //! | host protection | reads `/proc/self/maps` |
 //! | register / unregister host | nothing (devices are threads of this process) |
+//! | export physical / allocation (IPC) | `fcntl(F_DUPFD_CLOEXEC)` |
+//! | import physical (IPC) | nothing (takes the fd) |
 //! | create engine | `std::thread::spawn` of a worker that runs copies (`memmove`), fills (`memset`) and waits in order ([`engine`]) |
 //!
 //! A physical object is its own memfd, sealed against grow and shrink (and against further seal
 //! changes), so that nobody holding the fd can change its size under a mapping.
 
 pub mod engine;
+pub mod ipc;
+pub mod managed;
 
 use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 
@@ -416,6 +420,30 @@ impl Backend for HostBackend {
         // SAFETY: the range is mapped pages of our own reservation.
         unsafe { rustix::mm::mprotect(addr as *mut _, size, mprotect_flags(prot)) }
             .map_err(|e| os_error("mprotect", e))
+    }
+
+    fn managed(
+        &self,
+    ) -> std::result::Result<std::sync::Arc<dyn super::managed::ManagedOps>, String> {
+        Ok(std::sync::Arc::new(managed::HostManaged::new(
+            &self.devices,
+        )?))
+    }
+
+    fn export_physical(&self, raw: RawPhysical) -> Result<OwnedFd> {
+        // SAFETY: the fd is alive while the semantics layer holds the object (it holds its lock).
+        ipc::dup_fd(unsafe { BorrowedFd::borrow_raw(raw.0 as i32) })
+            .map_err(|e| os_error("fcntl(F_DUPFD_CLOEXEC) of a physical object", e))
+    }
+
+    fn export_allocation(&self, raw: RawAllocation) -> Result<OwnedFd> {
+        // SAFETY: the fd is alive while the semantics layer holds the allocation.
+        ipc::dup_fd(unsafe { BorrowedFd::borrow_raw(raw.0 as i32) })
+            .map_err(|e| os_error("fcntl(F_DUPFD_CLOEXEC) of an allocation", e))
+    }
+
+    fn import_physical(&self, fd: OwnedFd) -> Result<RawPhysical> {
+        Ok(RawPhysical(fd.into_raw_fd() as u64))
     }
 }
 

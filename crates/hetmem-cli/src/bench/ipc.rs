@@ -1,0 +1,339 @@
+//! `hetmem bench ipc`: sharing memory between real processes.
+//!
+//! - **range vs per-object handles**: an exporter maps a 1 GiB range of 512 physical objects
+//!   (2 MiB each); per round it exports the range as one range handle (or as 512 per-object
+//!   handles), sends the 64-byte handles through a pipe to an importer process (this binary
+//!   re-executed as `hetmem bench ipc-importer`), which opens them (through the exporter's
+//!   broker), verifies a stamp in every object, closes them and answers; then the exporter puts
+//!   the handles. `range_speedup_ratio` = per-object time / range time (target >= 5). Both sides
+//!   touch the same pages, so the figure is the IPC machinery itself.
+//! - **open + close of one handle** (2 MiB physical object), in the importer process (through
+//!   the broker) against the raw steps: a broker request answered with `SCM_RIGHTS`
+//!   (`connect` + `sendmsg` + `recvmsg`), `mmap`, `munmap`, `close`; and in the exporting
+//!   process against `dup` + `mmap` + `munmap` + `close`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::AsFd;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Instant;
+
+use hetmem::backend::host::ipc::{broker_request, dup_fd};
+use hetmem::backend::host::open_fd_count;
+use hetmem::{AccessAttribute, Context, IpcHandle, IpcProperties, PhysicalMemoryFlags, Runtime};
+use rustix::mm::{MapFlags, ProtFlags};
+
+use super::{alternate, e2s, Args, Row, Unit};
+
+const OBJECTS: usize = 512;
+const OBJECT: usize = 2 << 20;
+
+struct Importer {
+    child: Child,
+    stdin: ChildStdin,
+    out: BufReader<ChildStdout>,
+}
+
+impl Importer {
+    fn spawn() -> Result<Importer, String> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut child = Command::new(exe)
+            .args(["bench", "ipc-importer"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("spawning the importer: {e}"))?;
+        let stdin = child.stdin.take().ok_or("no stdin")?;
+        let out = BufReader::new(child.stdout.take().ok_or("no stdout")?);
+        Ok(Importer { child, stdin, out })
+    }
+    /// Sends a command line plus handles; returns the answer line.
+    fn ask(&mut self, cmd: &str, handles: &[IpcHandle]) -> Result<String, String> {
+        let mut buf = format!("{cmd} {}\n", handles.len()).into_bytes();
+        for h in handles {
+            buf.extend_from_slice(h.as_bytes());
+        }
+        self.stdin.write_all(&buf).map_err(|e| e.to_string())?;
+        self.stdin.flush().map_err(|e| e.to_string())?;
+        let mut l = String::new();
+        self.out.read_line(&mut l).map_err(|e| e.to_string())?;
+        let l = l.trim().to_string();
+        match l.strip_prefix("ok") {
+            Some(rest) => Ok(rest.trim().to_string()),
+            None => Err(format!("importer answered {l:?}")),
+        }
+    }
+}
+
+impl Drop for Importer {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "quit 0");
+        let _ = self.child.wait();
+    }
+}
+
+fn stamp(i: usize) -> u64 {
+    0x4845_544d_0000_0000 | i as u64
+}
+
+pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
+    let rt = Runtime::builder()
+        .host_devices(1)
+        .host_device_memory(2 << 30)
+        .build()
+        .map_err(e2s)?;
+    let dev = rt.driver().device(0).ok_or("no device")?;
+    let ctx = rt.driver().create_context().map_err(e2s)?;
+    let r = ctx.reserve(None, OBJECTS * OBJECT).map_err(e2s)?;
+    let mut objs = Vec::new();
+    for i in 0..OBJECTS {
+        let o = ctx
+            .create_physical_memory(Some(&dev), PhysicalMemoryFlags::AllocateOnDevice, OBJECT)
+            .map_err(e2s)?;
+        let at = r.base + i * OBJECT;
+        ctx.map(at, OBJECT, o, 0, AccessAttribute::ReadWrite)
+            .map_err(e2s)?;
+        // SAFETY: mapped read-write just above.
+        unsafe { (at as *mut u64).write(stamp(i)) };
+        objs.push(o);
+    }
+    let imp = std::cell::RefCell::new(Importer::spawn()?);
+    let mut rows = Vec::new();
+
+    // Range handle vs per-object handles, end to end.
+    // The broker's socket exists from the first export on: start it before counting fds.
+    let warm = ctx
+        .get_physical_memory_ipc_handle(objs[0], None)
+        .map_err(e2s)?;
+    ctx.put_ipc_handle(&warm).map_err(e2s)?;
+    let fds0 = open_fd_count();
+    let mut range_fds = 0;
+    let mut obj_fds = 0;
+    let (per_object, range) = alternate(
+        args.rounds,
+        || {
+            let t = Instant::now();
+            let hs: Vec<IpcHandle> = objs
+                .iter()
+                .map(|&o| ctx.get_physical_memory_ipc_handle(o, None))
+                .collect::<Result<_, _>>()
+                .map_err(e2s)?;
+            let exported = t.elapsed();
+            obj_fds = open_fd_count() - fds0;
+            let t = Instant::now();
+            imp.borrow_mut().ask("objects", &hs)?;
+            for h in &hs {
+                ctx.put_ipc_handle(h).map_err(e2s)?;
+            }
+            Ok((exported + t.elapsed()).as_nanos() as f64)
+        },
+        || {
+            let t = Instant::now();
+            let props = IpcProperties {
+                range_size: Some(OBJECTS * OBJECT),
+                ..Default::default()
+            };
+            let h = ctx
+                .get_ipc_handle_with_properties(r.base, &props)
+                .map_err(e2s)?;
+            let exported = t.elapsed();
+            range_fds = open_fd_count() - fds0;
+            let t = Instant::now();
+            imp.borrow_mut().ask("range", &[h])?;
+            ctx.put_ipc_handle(&h).map_err(e2s)?;
+            Ok((exported + t.elapsed()).as_nanos() as f64)
+        },
+    )?;
+    println!(
+        "1 GiB of {OBJECTS} objects: range handle {:.2} ms, {OBJECTS} handles {:.2} ms; \
+         exporter fds held: {range_fds} (range) vs {obj_fds} (per object); broker \
+         connections per share: 1 vs {OBJECTS}; handle bytes sent: 64 vs {}",
+        range / 1e6,
+        per_object / 1e6,
+        64 * OBJECTS
+    );
+    rows.push(Row {
+        unit: Unit::Ns,
+        op: "share 1GiB: 512 handles",
+        size: "1GiB",
+        key: "range_speedup".into(),
+        hetmem_ns: per_object,
+        baseline_ns: Some(range),
+        baseline: "one range handle (ratio = speedup)",
+        target: Some(">= 5"),
+    });
+
+    // Open + close of one handle in the importer, against the raw broker round trip + mmap.
+    let one = ctx
+        .get_physical_memory_ipc_handle(objs[0], None)
+        .map_err(e2s)?;
+    let ans = imp
+        .borrow_mut()
+        .ask(&format!("latency{}", args.iters.max(1)), &[one])?;
+    let mut it = ans
+        .split_whitespace()
+        .map(|x| x.parse::<f64>().unwrap_or(f64::NAN));
+    let (h, b) = (it.next().unwrap_or(f64::NAN), it.next().unwrap_or(f64::NAN));
+    rows.push(Row {
+        unit: Unit::Ns,
+        op: "open+close (importer)",
+        size: "2MiB",
+        key: "open_close_importer_2mib".into(),
+        hetmem_ns: h,
+        baseline_ns: Some(b),
+        baseline: "broker recvmsg(SCM_RIGHTS)+mmap+munmap",
+        target: None,
+    });
+
+    // Open + close in the exporting process, against dup + mmap + munmap + close.
+    let n = args.iters.max(1);
+    let (h, b) = alternate(
+        args.rounds,
+        || {
+            let t = Instant::now();
+            for _ in 0..n {
+                let p = ctx.open_ipc_handle(&one, 0).map_err(e2s)?;
+                ctx.close_ipc_handle(p).map_err(e2s)?;
+            }
+            Ok(t.elapsed().as_nanos() as f64 / n as f64)
+        },
+        || {
+            // SAFETY: the handle's fd is open until put.
+            let src = unsafe { std::os::fd::BorrowedFd::borrow_raw(one.fd()) };
+            let t = Instant::now();
+            for _ in 0..n {
+                let d = dup_fd(src).map_err(|e| e.to_string())?;
+                raw_map_unmap(d.as_fd(), OBJECT)?;
+            }
+            Ok(t.elapsed().as_nanos() as f64 / n as f64)
+        },
+    )?;
+    rows.push(Row {
+        unit: Unit::Ns,
+        op: "open+close (exporter)",
+        size: "2MiB",
+        key: "open_close_exporter_2mib".into(),
+        hetmem_ns: h,
+        baseline_ns: Some(b),
+        baseline: "dup+mmap+munmap+close",
+        target: None,
+    });
+    ctx.put_ipc_handle(&one).map_err(e2s)?;
+    drop(imp);
+    ctx.free_reservation(r).map_err(e2s)?;
+    for o in objs {
+        ctx.destroy_physical_memory(o).map_err(e2s)?;
+    }
+    Ok(rows)
+}
+
+fn raw_map_unmap(fd: std::os::fd::BorrowedFd<'_>, size: usize) -> Result<(), String> {
+    // SAFETY: a fresh shared mapping of a memfd of at least `size` bytes, unmapped at once.
+    unsafe {
+        let p = rustix::mm::mmap(
+            std::ptr::null_mut(),
+            size,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::SHARED,
+            fd,
+            0,
+        )
+        .map_err(|e| e.to_string())?;
+        std::hint::black_box(p);
+        rustix::mm::munmap(p, size).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// `hetmem bench ipc-importer`: the importer process of [`bench`]. Reads commands on stdin
+/// (`<cmd> <n>\n` followed by `n` 64-byte handles) and answers one `ok ...` line each.
+pub fn importer() -> Result<Vec<Row>, String> {
+    let rt = Runtime::builder()
+        .host_devices(1)
+        .host_device_memory(64 << 20)
+        .build()
+        .map_err(e2s)?;
+    let ctx = rt.driver().create_context().map_err(e2s)?;
+    let stdin = std::io::stdin();
+    let mut input = stdin.lock();
+    let mut out = std::io::stdout();
+    loop {
+        let mut l = String::new();
+        if input.read_line(&mut l).map_err(|e| e.to_string())? == 0 {
+            return Ok(Vec::new());
+        }
+        let mut f = l.split_whitespace();
+        let (cmd, n) = (
+            f.next().unwrap_or(""),
+            f.next().unwrap_or("0").parse().unwrap_or(0),
+        );
+        let mut hs = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mut b = [0u8; 64];
+            input.read_exact(&mut b).map_err(|e| e.to_string())?;
+            hs.push(IpcHandle::from_bytes(b));
+        }
+        let answer = match cmd {
+            "quit" => return Ok(Vec::new()),
+            "range" | "objects" => open_verify(&ctx, &hs, cmd == "range"),
+            c if c.starts_with("latency") => latency(&ctx, &hs[0], c[7..].parse().unwrap_or(1)),
+            other => Err(format!("unknown command {other:?}")),
+        };
+        match answer {
+            Ok(a) => writeln!(out, "ok {a}"),
+            Err(e) => writeln!(out, "error {e}"),
+        }
+        .map_err(|e| e.to_string())?;
+        out.flush().map_err(|e| e.to_string())?;
+    }
+}
+
+fn open_verify(ctx: &Context, hs: &[IpcHandle], range: bool) -> Result<String, String> {
+    let mut views = Vec::new();
+    for h in hs {
+        views.push(ctx.open_ipc_handle(h, 0).map_err(e2s)?);
+    }
+    for i in 0..OBJECTS {
+        let at = if range {
+            views[0] + i * OBJECT
+        } else {
+            views[i]
+        };
+        // SAFETY: an open view of at least one object.
+        let v = unsafe { (at as *const u64).read_volatile() };
+        if v != stamp(i) {
+            return Err(format!(
+                "object {i}: stamp {v:#x}, expected {:#x}",
+                stamp(i)
+            ));
+        }
+    }
+    for v in views {
+        ctx.close_ipc_handle(v).map_err(e2s)?;
+    }
+    Ok(String::new())
+}
+
+fn latency(ctx: &Context, h: &IpcHandle, n: usize) -> Result<String, String> {
+    let pid = h.exporter_pid().ok_or("bad handle")?;
+    let (hn, bn) = alternate(
+        7,
+        || {
+            let t = Instant::now();
+            for _ in 0..n {
+                let p = ctx.open_ipc_handle(h, 0).map_err(e2s)?;
+                ctx.close_ipc_handle(p).map_err(e2s)?;
+            }
+            Ok(t.elapsed().as_nanos() as f64 / n as f64)
+        },
+        || {
+            let t = Instant::now();
+            for _ in 0..n {
+                let r = broker_request(pid, h.as_bytes(), 1 << 16, 4).map_err(|e| e.to_string())?;
+                let fd = r.fds.first().ok_or("no fd")?;
+                raw_map_unmap(fd.as_fd(), OBJECT)?;
+            }
+            Ok(t.elapsed().as_nanos() as f64 / n as f64)
+        },
+    )?;
+    Ok(format!("{hn} {bn}"))
+}

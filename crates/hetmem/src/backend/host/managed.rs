@@ -1,0 +1,691 @@
+//! Managed memory on the host backend, over `userfaultfd(2)`.
+//!
+//! | operation | syscalls |
+//! |---|---|
+//! | set-up | `userfaultfd(O_CLOEXEC \| O_NONBLOCK)` (with `UFFD_USER_MODE_ONLY` when the plain call is refused), `ioctl(UFFDIO_API)`; per device a `memfd_create` + `ftruncate` of its capacity (sparse: device memory) |
+//! | reserve | `memfd_create` + `ftruncate` (the host backing, sparse), `mmap(MAP_SHARED)` of it twice: the managed range (registered with `ioctl(UFFDIO_REGISTER, MISSING \| MINOR \| WP)`) and a private alias; a `PROT_NONE` placeholder mirror per device |
+//! | release | `ioctl(UFFDIO_UNREGISTER)`, `munmap`, `close` |
+//! | device map / unmap / discard | `mmap(MAP_SHARED \| MAP_FIXED \| MAP_POPULATE, memfd, slot)` / placeholder `mmap` / `fallocate(PUNCH_HOLE)` |
+//! | host install | `memcpy` into the backing through the alias, `ioctl(UFFDIO_CONTINUE)` (`UFFDIO_CONTINUE_MODE_WP` for read-only) |
+//! | host drop | `madvise(MADV_DONTNEED)` of the managed range (its page-table entries only) |
+//! | host protect | `ioctl(UFFDIO_WRITEPROTECT)` |
+//! | host wake | `ioctl(UFFDIO_WAKE)` |
+//! | fault thread | `poll(2)` on the userfaultfd and an `eventfd(2)`, `read(2)` of `struct uffd_msg` |
+//!
+//! No signal handler is installed: host faults on absent pages block the faulting thread in the
+//! kernel until the fault thread resolves them.
+//!
+//! Host memory of a managed allocation is a memfd (shmem): the managed range maps it, and a
+//! page is *host-resident* exactly when its page-table entries are present there. Migrating a
+//! page away zaps those entries (`MADV_DONTNEED` on a shared mapping frees no memory), so the
+//! next host access is a userfaultfd *minor* fault (or a *missing* fault for a page never
+//! touched); migrating it back copies the bytes into the backing through the alias and maps
+//! them with `UFFDIO_CONTINUE`, with no page allocation. The backing thus keeps the host memory
+//! of every page touched once (a host staging area, as a pinned host buffer would), and a
+//! migration costs one copy of the bytes plus the page-table update.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use rustix::event::{EventfdFlags, PollFd, PollFlags};
+use rustix::fs::{FallocateFlags, MemfdFlags};
+use rustix::mm::{Advice, MapFlags, ProtFlags, UserfaultfdFlags};
+
+use super::{os_error, reserve_placeholder, PLACEHOLDER};
+use crate::backend::managed::{Fault, FaultSink, FaultThread, ManagedOps, ManagedRange};
+use crate::backend::DeviceInfo;
+use crate::error::{Error, Result};
+
+// The userfaultfd ABI (include/uapi/linux/userfaultfd.h). `_IOWR(0xAA, nr, T)` numbers are the
+// x86_64 / aarch64 values (asm-generic ioctl encoding).
+const UFFD_API: u64 = 0xAA;
+const UFFD_USER_MODE_ONLY: u32 = 1;
+const UFFDIO_API: u64 = 0xC018_AA3F;
+const UFFDIO_REGISTER: u64 = 0xC020_AA00;
+const UFFDIO_UNREGISTER: u64 = 0x8010_AA01;
+const UFFDIO_WAKE: u64 = 0x8010_AA02;
+const UFFDIO_CONTINUE: u64 = 0xC020_AA07;
+const UFFDIO_WRITEPROTECT: u64 = 0xC018_AA06;
+const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
+const UFFDIO_REGISTER_MODE_WP: u64 = 2;
+const UFFDIO_REGISTER_MODE_MINOR: u64 = 4;
+const UFFDIO_CONTINUE_MODE_WP: u64 = 2;
+const UFFD_FEATURE_MINOR_SHMEM: u64 = 1 << 10;
+const UFFD_FEATURE_WP_HUGETLBFS_SHMEM: u64 = 1 << 12;
+const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1;
+const UFFD_FEATURE_PAGEFAULT_FLAG_WP: u64 = 1;
+const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
+const UFFD_PAGEFAULT_FLAG_WRITE: u64 = 1;
+const UFFD_PAGEFAULT_FLAG_WP: u64 = 2;
+/// `_UFFDIO_WRITEPROTECT` bit in `uffdio_register.ioctls`.
+const IOCTL_WRITEPROTECT_BIT: u64 = 1 << 6;
+
+#[repr(C)]
+#[derive(Default)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct UffdioRange {
+    start: u64,
+    len: u64,
+}
+#[repr(C)]
+#[derive(Default)]
+struct UffdioRegister {
+    range: UffdioRange,
+    mode: u64,
+    ioctls: u64,
+}
+#[repr(C)]
+#[derive(Default)]
+struct UffdioContinue {
+    range: UffdioRange,
+    mode: u64,
+    mapped: i64,
+}
+#[repr(C)]
+#[derive(Default)]
+struct UffdioWriteprotect {
+    range: UffdioRange,
+    mode: u64,
+}
+/// `struct uffd_msg` (32 bytes): event, padding, then the page-fault arm of the union.
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct UffdMsg {
+    event: u8,
+    _r1: u8,
+    _r2: u16,
+    _r3: u32,
+    flags: u64,
+    address: u64,
+    _feat: u64,
+}
+
+/// `ioctl(fd, req, arg)`; the error as an errno.
+///
+/// # Safety
+/// `arg` points to the structure `req` expects, valid for reads and writes.
+unsafe fn uffd_ioctl<T>(fd: &OwnedFd, req: u64, arg: &mut T) -> std::result::Result<(), i32> {
+    // SAFETY: the caller passes the structure matching `req`; the fd is a live userfaultfd.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), req as _, arg as *mut T) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    }
+}
+
+fn errno_name(e: i32) -> String {
+    rustix::io::Errno::from_raw_os_error(e).to_string()
+}
+
+/// Why managed memory cannot work here, or the userfaultfd ready for use.
+fn open_userfaultfd() -> std::result::Result<(OwnedFd, bool), String> {
+    let flags = UserfaultfdFlags::CLOEXEC | UserfaultfdFlags::NONBLOCK;
+    // SAFETY: creating the fd has no effect on memory by itself.
+    let (fd, user_only) = match unsafe { rustix::mm::userfaultfd(flags) } {
+        Ok(fd) => (fd, false),
+        Err(e1) => {
+            let f = flags | UserfaultfdFlags::from_bits_retain(UFFD_USER_MODE_ONLY);
+            // SAFETY: as above.
+            match unsafe { rustix::mm::userfaultfd(f) } {
+                Ok(fd) => (fd, true),
+                Err(e2) => {
+                    let sysctl = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd")
+                        .map(|s| s.trim().to_string())
+                        .unwrap_or_else(|_| "unknown".into());
+                    return Err(format!(
+                        "userfaultfd(2) is not available: {e1} (and {e2} with UFFD_USER_MODE_ONLY); \
+                         managed memory needs it to migrate pages on host faults (run as root, \
+                         with CAP_SYS_PTRACE, or set vm.unprivileged_userfaultfd=1; it is {sysctl}; \
+                         a seccomp sandbox may also refuse the call)"
+                    ));
+                }
+            }
+        }
+    };
+    let mut api = UffdioApi {
+        api: UFFD_API,
+        features: UFFD_FEATURE_MINOR_SHMEM | UFFD_FEATURE_WP_HUGETLBFS_SHMEM,
+        ioctls: 0,
+    };
+    // SAFETY: UFFDIO_API takes a uffdio_api.
+    if let Err(e) = unsafe { uffd_ioctl(&fd, UFFDIO_API, &mut api) } {
+        return Err(format!("ioctl(UFFDIO_API) failed: {}", errno_name(e)));
+    }
+    let need =
+        UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_MINOR_SHMEM | UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
+    if api.features & need != need {
+        return Err(format!(
+            "this kernel's userfaultfd lacks minor faults or write protection on shmem \
+             (features {:#x}, need {need:#x}), which managed memory needs to migrate pages \
+             and to keep read-mostly copies",
+            api.features
+        ));
+    }
+    Ok((fd, user_only))
+}
+
+/// The host backend's managed-memory operations: one userfaultfd for the whole driver and one
+/// sparse memfd of each device's capacity as that device's memory.
+#[derive(Debug)]
+pub struct HostManaged {
+    uffd: OwnedFd,
+    /// Host backing of each live range, by host base.
+    backing: parking_lot::Mutex<std::collections::BTreeMap<usize, Backing>>,
+    /// Device memory: slot `s` of device `d` is bytes `[s * page, (s+1) * page)` of `pools[d]`.
+    pools: Vec<OwnedFd>,
+    /// Whether only user-mode faults are handled (kernel accesses to absent pages then fail
+    /// with `EFAULT`).
+    pub user_mode_only: bool,
+}
+
+impl HostManaged {
+    /// Opens the userfaultfd and the device memfds. Err: why managed memory is unavailable.
+    pub fn new(devices: &[DeviceInfo]) -> std::result::Result<HostManaged, String> {
+        let (uffd, user_mode_only) = open_userfaultfd()?;
+        let mut pools = Vec::new();
+        for (i, d) in devices.iter().enumerate() {
+            let fd = rustix::fs::memfd_create("hetmem-managed-device", MemfdFlags::CLOEXEC)
+                .map_err(|e| format!("memfd_create for device {i}'s managed memory: {e}"))?;
+            rustix::fs::ftruncate(&fd, d.capacity)
+                .map_err(|e| format!("ftruncate of device {i}'s managed memory: {e}"))?;
+            pools.push(fd);
+        }
+        Ok(HostManaged {
+            uffd,
+            backing: Default::default(),
+            pools,
+            user_mode_only,
+        })
+    }
+
+    /// The alias address of host address `addr` (inside a live range).
+    fn alias(&self, addr: usize) -> usize {
+        let b = self.backing.lock();
+        let (&base, bk) = b.range(..=addr).next_back().expect("a live managed range");
+        bk.alias + (addr - base)
+    }
+
+    /// Maps the absent host pages `[addr, addr+len)` from the backing and wakes their waiters
+    /// (`ioctl(UFFDIO_CONTINUE)`, `UFFDIO_CONTINUE_MODE_WP` when read-only).
+    ///
+    /// # Safety
+    /// The bytes are in the backing and the host entries are absent.
+    unsafe fn continue_range(&self, addr: usize, len: usize, read_only: bool) -> Result<()> {
+        let mut done = 0usize;
+        while done < len {
+            let mut c = UffdioContinue {
+                range: Self::range(addr + done, len - done),
+                mode: if read_only {
+                    UFFDIO_CONTINUE_MODE_WP
+                } else {
+                    0
+                },
+                mapped: 0,
+            };
+            // SAFETY: UFFDIO_CONTINUE takes a uffdio_continue; the pages are in the backing.
+            let r = unsafe { uffd_ioctl(&self.uffd, UFFDIO_CONTINUE, &mut c) };
+            if c.mapped > 0 {
+                done += c.mapped as usize;
+            }
+            match r {
+                Ok(()) => {}
+                // Interrupted part-way: continue after `mapped`.
+                Err(libc::EAGAIN) | Err(libc::EINTR) => {}
+                Err(e) => {
+                    return Err(Error::OutOfHostMemory(format!(
+                        "ioctl(UFFDIO_CONTINUE) of {len:#x} bytes at {addr:#x} failed after {done:#x}: {}",
+                        errno_name(e)
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn range(addr: usize, len: usize) -> UffdioRange {
+        UffdioRange {
+            start: addr as u64,
+            len: len as u64,
+        }
+    }
+}
+
+impl ManagedOps for HostManaged {
+    fn reserve(&self, size: usize, align: usize) -> Result<ManagedRange> {
+        let fd = rustix::fs::memfd_create("hetmem-managed-host", MemfdFlags::CLOEXEC)
+            .map_err(|e| os_error("memfd_create for managed host memory", e))?;
+        if let Some(limit) = rustix::process::getrlimit(rustix::process::Resource::Fsize).current {
+            if size as u64 > limit {
+                return Err(Error::OutOfHostMemory(format!(
+                    "{size:#x} bytes exceed the file-size limit RLIMIT_FSIZE ({limit})"
+                )));
+            }
+        }
+        rustix::fs::ftruncate(&fd, size as u64)
+            .map_err(|e| os_error("ftruncate of managed host memory", e))?;
+        let mut made: Vec<usize> = Vec::new();
+        let cleanup = |made: &[usize], e: Error| {
+            for &m in made {
+                // SAFETY: our own fresh mappings, unknown to anyone else.
+                unsafe { rustix::mm::munmap(m as *mut _, size).ok() };
+            }
+            e
+        };
+        // The managed range and the alias, each over its own aligned placeholder.
+        for _ in 0..2 {
+            // SAFETY: a fresh placeholder chosen by the kernel, replacing nothing.
+            let at = match unsafe { reserve_placeholder(None, size, align) } {
+                Ok(a) => a,
+                Err(e) => return Err(cleanup(&made, e)),
+            };
+            made.push(at);
+            // SAFETY: MAP_FIXED over the placeholder we just made; the memfd is `size` long.
+            let r = unsafe {
+                rustix::mm::mmap(
+                    at as *mut _,
+                    size,
+                    ProtFlags::READ | ProtFlags::WRITE,
+                    MapFlags::SHARED | MapFlags::FIXED,
+                    &fd,
+                    0,
+                )
+            };
+            if let Err(e) = r {
+                return Err(cleanup(&made, os_error("mmap of managed host memory", e)));
+            }
+        }
+        let (host, alias) = (made[0], made[1]);
+        let mut reg = UffdioRegister {
+            range: Self::range(host, size),
+            mode: UFFDIO_REGISTER_MODE_MISSING
+                | UFFDIO_REGISTER_MODE_MINOR
+                | UFFDIO_REGISTER_MODE_WP,
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_REGISTER takes a uffdio_register.
+        if let Err(e) = unsafe { uffd_ioctl(&self.uffd, UFFDIO_REGISTER, &mut reg) } {
+            return Err(cleanup(
+                &made,
+                Error::Unknown(format!(
+                    "ioctl(UFFDIO_REGISTER) of a managed range failed: {}",
+                    errno_name(e)
+                )),
+            ));
+        }
+        if reg.ioctls & IOCTL_WRITEPROTECT_BIT == 0 {
+            return Err(cleanup(
+                &made,
+                Error::Unknown("UFFDIO_REGISTER did not grant UFFDIO_WRITEPROTECT on shmem".into()),
+            ));
+        }
+        for _ in &self.pools {
+            // SAFETY: a fresh placeholder chosen by the kernel.
+            match unsafe { reserve_placeholder(None, size, align) } {
+                Ok(m) => made.push(m),
+                Err(e) => return Err(cleanup(&made, e)),
+            }
+        }
+        self.backing.lock().insert(host, Backing { _fd: fd, alias });
+        Ok(ManagedRange {
+            host,
+            mirrors: made[2..].to_vec(),
+            size,
+        })
+    }
+
+    unsafe fn release(&self, range: &ManagedRange) {
+        let mut r = Self::range(range.host, range.size);
+        // SAFETY: UFFDIO_UNREGISTER takes a uffdio_range (this also wakes any waiter).
+        unsafe { uffd_ioctl(&self.uffd, UFFDIO_UNREGISTER, &mut r).ok() };
+        let bk = self.backing.lock().remove(&range.host);
+        // SAFETY: the caller gives up the ranges, which are ours; the memfd closes with `bk`.
+        unsafe {
+            rustix::mm::munmap(range.host as *mut _, range.size).ok();
+            if let Some(bk) = &bk {
+                rustix::mm::munmap(bk.alias as *mut _, range.size).ok();
+            }
+            for &m in &range.mirrors {
+                rustix::mm::munmap(m as *mut _, range.size).ok();
+            }
+        }
+    }
+
+    unsafe fn device_map(
+        &self,
+        device: u32,
+        mirror_addr: usize,
+        slot: u32,
+        len: usize,
+    ) -> Result<()> {
+        let fd = &self.pools[device as usize];
+        // SAFETY: the mirror page is an unmapped page of our own placeholder.
+        unsafe {
+            rustix::mm::mmap(
+                mirror_addr as *mut _,
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED | MapFlags::FIXED | MapFlags::POPULATE,
+                fd,
+                slot as u64 * len as u64,
+            )
+        }
+        .map(|_| ())
+        .map_err(|e| os_error("mmap(MAP_SHARED | MAP_FIXED) of a device slot", e))
+    }
+
+    unsafe fn device_unmap(&self, _device: u32, mirror_addr: usize, len: usize) {
+        // SAFETY: the mirror page is ours; the placeholder comes back over it.
+        unsafe {
+            rustix::mm::mmap_anonymous(
+                mirror_addr as *mut _,
+                len,
+                ProtFlags::empty(),
+                PLACEHOLDER | MapFlags::FIXED,
+            )
+            .ok()
+        };
+    }
+
+    fn device_discard(&self, device: u32, slot: u32, len: usize) {
+        rustix::fs::fallocate(
+            &self.pools[device as usize],
+            FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+            slot as u64 * len as u64,
+            len as u64,
+        )
+        .ok();
+    }
+
+    unsafe fn host_install(
+        &self,
+        addr: usize,
+        src: Option<usize>,
+        len: usize,
+        read_only: bool,
+    ) -> Result<()> {
+        let alias = self.alias(addr);
+        // SAFETY: the alias maps the backing read-write and is never registered, so this does
+        // not fault to us; the host range's entries for it are absent (caller), so no thread
+        // sees the bytes change.
+        unsafe {
+            match src {
+                Some(s) => stream_copy(alias, s, len),
+                None => std::ptr::write_bytes(alias as *mut u8, 0, len),
+            }
+        }
+        // SAFETY: the bytes are in the backing now; the entries are absent (caller).
+        unsafe { self.continue_range(addr, len, read_only) }
+    }
+
+    unsafe fn host_install_batch(&self, pages: &[(usize, usize)], len: usize) -> Result<()> {
+        if pages.len() < 2 {
+            for &(addr, src) in pages {
+                // SAFETY: forwarded contract.
+                unsafe { self.host_install(addr, Some(src), len, false)? };
+            }
+            return Ok(());
+        }
+        // Pipeline: this thread copies page i + 1 into the backing while the helper maps page i.
+        let (tx, rx) = std::sync::mpsc::channel::<usize>();
+        std::thread::scope(|scope| {
+            let mapper = scope.spawn(move || -> Result<()> {
+                for addr in rx {
+                    // SAFETY: the page's bytes are in the backing (sent after the copy) and its
+                    // host entries are absent (caller).
+                    unsafe { self.continue_range(addr, len, false)? };
+                }
+                Ok(())
+            });
+            for &(addr, src) in pages {
+                let alias = self.alias(addr);
+                // SAFETY: as in `host_install`: the alias is not registered and the host entries
+                // are absent; `src` is readable (caller).
+                unsafe { stream_copy(alias, src, len) };
+                if tx.send(addr).is_err() {
+                    break; // the mapper stopped on an error: it reports it
+                }
+            }
+            drop(tx);
+            mapper
+                .join()
+                .unwrap_or_else(|_| Err(Error::Unknown("the page-mapping thread panicked".into())))
+        })
+    }
+
+    unsafe fn host_evict_batch(&self, pages: &[(usize, usize)], len: usize) -> Result<()> {
+        if pages.len() < 2 {
+            for &(addr, dst) in pages {
+                // SAFETY: forwarded contract.
+                unsafe { self.host_evict_to(addr, dst, len)? };
+            }
+            return Ok(());
+        }
+        // Pipeline: the helper zaps page i + 1 while this thread copies page i (each page is
+        // zapped before its bytes are read, so no host write can land after its copy).
+        let (tx, rx) = std::sync::mpsc::channel::<Result<()>>();
+        std::thread::scope(|scope| {
+            scope.spawn(move || {
+                for &(addr, _) in pages {
+                    // SAFETY: forwarded contract (present page of ours; bytes kept in the backing).
+                    let r = unsafe { self.host_drop(addr, len) };
+                    let failed = r.is_err();
+                    if tx.send(r).is_err() || failed {
+                        return;
+                    }
+                }
+            });
+            for &(addr, dst) in pages {
+                match rx.recv() {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => return Err(Error::Unknown("the page-zapping thread stopped".into())),
+                }
+                let alias = self.alias(addr);
+                // SAFETY: the page's host entries are gone; the alias maps the backing; `dst` is
+                // writable and does not overlap it (caller).
+                unsafe { stream_copy(dst, alias, len) };
+            }
+            Ok(())
+        })
+    }
+
+    unsafe fn host_drop(&self, addr: usize, len: usize) -> Result<()> {
+        // SAFETY: our own present pages; their bytes are kept elsewhere (caller).
+        unsafe { rustix::mm::madvise(addr as *mut _, len, Advice::LinuxDontNeed) }
+            .map_err(|e| os_error("madvise(MADV_DONTNEED) of a managed page", e))
+    }
+
+    unsafe fn host_evict_to(&self, addr: usize, dst: usize, len: usize) -> Result<()> {
+        // SAFETY: forwarded contract: zap the entries first, so no host write can land after
+        // the copy; the backing keeps the bytes.
+        unsafe { self.host_drop(addr, len)? };
+        let alias = self.alias(addr);
+        // SAFETY: the alias is mapped over the backing; `dst` is writable and does not
+        // overlap it (caller).
+        unsafe { stream_copy(dst, alias, len) };
+        Ok(())
+    }
+
+    unsafe fn host_protect(&self, addr: usize, len: usize, read_only: bool) -> Result<()> {
+        let mut w = UffdioWriteprotect {
+            range: Self::range(addr, len),
+            mode: if read_only {
+                UFFDIO_WRITEPROTECT_MODE_WP
+            } else {
+                0
+            },
+        };
+        loop {
+            // SAFETY: UFFDIO_WRITEPROTECT takes a uffdio_writeprotect.
+            match unsafe { uffd_ioctl(&self.uffd, UFFDIO_WRITEPROTECT, &mut w) } {
+                Ok(()) => return Ok(()),
+                Err(libc::EAGAIN) | Err(libc::EINTR) => continue,
+                Err(e) => {
+                    return Err(Error::Unknown(format!(
+                        "ioctl(UFFDIO_WRITEPROTECT) at {addr:#x} failed: {}",
+                        errno_name(e)
+                    )))
+                }
+            }
+        }
+    }
+
+    fn host_wake(&self, addr: usize, len: usize) {
+        let mut r = Self::range(addr, len);
+        // SAFETY: UFFDIO_WAKE takes a uffdio_range.
+        unsafe { uffd_ioctl(&self.uffd, UFFDIO_WAKE, &mut r).ok() };
+    }
+
+    unsafe fn zero(&self, addr: usize, len: usize) {
+        // SAFETY: mapped and writable (caller).
+        unsafe { std::ptr::write_bytes(addr as *mut u8, 0, len) };
+    }
+
+    unsafe fn copy(&self, dst: usize, src: usize, len: usize) {
+        if dst.abs_diff(src) >= len {
+            // SAFETY: both ranges are accessible (caller) and do not overlap.
+            unsafe { stream_copy(dst, src, len) };
+        } else {
+            // SAFETY: both ranges are present and accessible (caller); memmove allows overlap.
+            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
+        }
+    }
+
+    fn start_fault_thread(&self, sink: Arc<dyn FaultSink>) -> Result<Box<dyn FaultThread>> {
+        let uffd = self.uffd.try_clone().map_err(|e| {
+            os_error(
+                "dup of the userfaultfd",
+                rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO),
+            )
+        })?;
+        let stop =
+            rustix::event::eventfd(0, EventfdFlags::CLOEXEC).map_err(|e| os_error("eventfd", e))?;
+        let stop2 = stop.try_clone().map_err(|e| {
+            os_error(
+                "dup of an eventfd",
+                rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO),
+            )
+        })?;
+        let thread = std::thread::Builder::new()
+            .name("hetmem-uffd".into())
+            .spawn(move || fault_loop(uffd, stop2, sink))
+            .map_err(|e| Error::OutOfHostMemory(format!("spawning the fault thread: {e}")))?;
+        Ok(Box::new(HostFaultThread {
+            stop,
+            thread: parking_lot::Mutex::new(Some(thread)),
+        }))
+    }
+}
+
+/// Copies `len` bytes from `src` to `dst` (not overlapping), as a copy engine would: with
+/// non-temporal (streaming) stores that bypass the cache when `dst` is 16-byte aligned and `len`
+/// a multiple of 64, so a migrated page neither pollutes the cache nor reads its destination
+/// first (on x86_64; `memcpy` elsewhere and for the unaligned case).
+///
+/// # Safety
+/// `src` is readable and `dst` writable for `len` bytes, and they do not overlap.
+pub unsafe fn stream_copy(dst: usize, src: usize, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if dst.is_multiple_of(16) && len.is_multiple_of(64) {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        let (d, s) = (dst as *mut u8, src as *const u8);
+        let mut i = 0;
+        while i < len {
+            // SAFETY: i + 64 <= len, so all four 16-byte loads and stores are in range; the
+            // stores are 16-byte aligned (dst and i are); SSE2 is part of x86_64.
+            unsafe {
+                let a = _mm_loadu_si128(s.add(i) as *const __m128i);
+                let b = _mm_loadu_si128(s.add(i + 16) as *const __m128i);
+                let c = _mm_loadu_si128(s.add(i + 32) as *const __m128i);
+                let e = _mm_loadu_si128(s.add(i + 48) as *const __m128i);
+                _mm_stream_si128(d.add(i) as *mut __m128i, a);
+                _mm_stream_si128(d.add(i + 16) as *mut __m128i, b);
+                _mm_stream_si128(d.add(i + 32) as *mut __m128i, c);
+                _mm_stream_si128(d.add(i + 48) as *mut __m128i, e);
+            }
+            i += 64;
+        }
+        // Streaming stores are weakly ordered: fence before anyone else may read the bytes.
+        // SAFETY: SSE2 is part of x86_64.
+        unsafe { _mm_sfence() };
+        return;
+    }
+    // SAFETY: forwarded contract.
+    unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
+}
+
+/// The host backing of one managed range.
+#[derive(Debug)]
+struct Backing {
+    _fd: OwnedFd,
+    alias: usize,
+}
+
+#[derive(Debug)]
+struct HostFaultThread {
+    stop: OwnedFd,
+    thread: parking_lot::Mutex<Option<JoinHandle<()>>>,
+}
+
+impl FaultThread for HostFaultThread {}
+
+impl Drop for HostFaultThread {
+    fn drop(&mut self) {
+        rustix::io::write(&self.stop, &1u64.to_ne_bytes()).ok();
+        if let Some(t) = self.thread.lock().take() {
+            t.join().ok();
+        }
+    }
+}
+
+fn fault_loop(uffd: OwnedFd, stop: OwnedFd, sink: Arc<dyn FaultSink>) {
+    // One message per read: a fault resolved by an earlier one wakes every thread waiting on
+    // the page, and the kernel then drops their unread messages; messages read in a batch
+    // would stay behind as stale faults and migrate the page again after it moved on.
+    let mut msgs = [UffdMsg::default(); 1];
+    loop {
+        let mut fds = [
+            PollFd::new(&uffd, PollFlags::IN),
+            PollFd::new(&stop, PollFlags::IN),
+        ];
+        match rustix::event::poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return,
+        }
+        if !fds[1].revents().is_empty() {
+            return;
+        }
+        let n = {
+            // SAFETY: UffdMsg is plain old data; the byte view covers exactly the array.
+            let buf = unsafe {
+                std::slice::from_raw_parts_mut(
+                    msgs.as_mut_ptr() as *mut u8,
+                    std::mem::size_of_val(&msgs),
+                )
+            };
+            match rustix::io::read(uffd.as_fd(), buf) {
+                Ok(n) => n / std::mem::size_of::<UffdMsg>(),
+                Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => return,
+            }
+        };
+        for m in &msgs[..n] {
+            if m.event == UFFD_EVENT_PAGEFAULT {
+                sink.fault(Fault {
+                    addr: m.address as usize,
+                    write: m.flags & UFFD_PAGEFAULT_FLAG_WRITE != 0,
+                    write_protect: m.flags & UFFD_PAGEFAULT_FLAG_WP != 0,
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,1211 @@
+//! Level Zero IPC: handles for allocations, physical memory and whole virtual-address ranges,
+//! shared between processes. The semantics layer.
+//!
+//! Spec: oneAPI Level Zero 1.18 core "Memory" IPC calls (`zeMemGetIpcHandle`,
+//! `zeMemGetIpcHandleWithProperties`, `zeMemOpenIpcHandle`, `zeMemCloseIpcHandle`,
+//! `zeMemPutIpcHandle`) and the memory extensions `ze_ipc_mem_handle_type_ext_desc_t`
+//! (`ZE_extension_ipc_mem_handle_type`) and `ze_ipc_phys_mem_handle_range_ext_desc_t`
+//! (`ZE_extension_ipc_phys_mem_handle_range`).
+//!
+//! # The handle (64 bytes, `ze_ipc_mem_handle_t`)
+//! | bytes | field |
+//! |---|---|
+//! | 0..4 | an fd valid in the exporting process (`i32`, little endian): the allocation's or physical object's memfd; for a range, the first object's |
+//! | 4..8 | magic `"HMIP"` |
+//! | 8 | version (1) |
+//! | 9 | kind: 1 allocation, 2 physical object, 3 range |
+//! | 10 | memory type of the exported memory (`ze_memory_type_t`: 1 host, 2 device, 3 shared) |
+//! | 11 | 0 |
+//! | 12..16 | exporter pid |
+//! | 16..24 | export id (per exporter, never reused) |
+//! | 24..40 | secret random token (`getrandom(2)`) |
+//! | 40..48 | size in bytes of the importer's view |
+//! | 48..56 | inode of the fd in bytes 0..4 (lets an importer recognise that fd) |
+//! | 56..60 | number of (object, offset, length) pieces (1 unless a range) |
+//! | 60..64 | FNV-1a checksum of bytes 4..60 |
+//!
+//! # Transports
+//! - **fd**: a program may send the fd of bytes 0..4 over a Unix socket (`SCM_RIGHTS`) and write
+//!   the received number over bytes 0..4. Opening an allocation or physical-object handle then
+//!   uses that fd directly (it is recognised by its inode; the exporter is not contacted).
+//! - **bytes only** (a file, a pipe, shared memory): the importer connects to the exporter's
+//!   broker ([`crate::backend::host::ipc`]), presenting the handle; the broker checks the peer's
+//!   uid and the token and answers with the fds (and, for a range, the piece list).
+//!   A range's piece list does not fit in 64 bytes, so range handles always go through the
+//!   broker (with either transport); the exporter must be alive to open them.
+//! - In the exporting process itself, open looks the export up directly.
+//!
+//! # Rules
+//! - Get: null -> `InvalidNullPointer`; a pointer in no allocation and no mapped page ->
+//!   `InvalidArgument`; an import of system memory (no memfd) -> `InvalidArgument`. A pointer
+//!   inside an allocation exports the whole allocation; a pointer in a mapped page of a
+//!   reservation (or [`crate::Context::get_physical_memory_ipc_handle`]) exports the whole
+//!   physical object mapped there. Each get makes a new export that holds the memory until
+//!   [`crate::Context::put_ipc_handle`] (or the context goes).
+//! - Handle types: DEFAULT (1 << 0) and FABRIC_ACCESSIBLE (1 << 1); bits over 0x3 ->
+//!   `InvalidEnumeration`; 0 counts as DEFAULT. The host backend supports DEFAULT only:
+//!   FABRIC_ACCESSIBLE -> `UnsupportedFeature` at get and at allocation / physical creation (the
+//!   extension's note). Memory created with a handle-type descriptor supports only the types
+//!   chained there; asking later for another -> `UnsupportedFeature` (the same note: the driver
+//!   cannot provide that handle type for that memory).
+//! - Range (`range_size` set): null -> `InvalidNullPointer`; size 0 -> `InvalidSize`;
+//!   `ptr` / size not multiples of the OS page -> `UnsupportedAlignment` / `UnsupportedSize`
+//!   (the spec is silent; mappings are page-granular); any USM allocation or import overlapping
+//!   the range -> `InvalidArgument`; any unmapped byte -> `AddressNotFound`; more than
+//!   [`max_range_pieces`] pieces -> `UnsupportedSize` naming the limit. The list is a snapshot.
+//! - Open: flags over 0x3 -> `InvalidEnumeration`; a malformed, forged, stale or put handle, a
+//!   wrong token, or a vanished exporter -> `InvalidArgument` with a message saying which.
+//!   Every open maps a fresh view (distinct pointers); the fds it received are closed once
+//!   mapped, so an open costs no fd. [`crate::Context::get_address_range`] on the returned
+//!   pointer reports it and the view's full size; [`crate::Context::get_allocation_properties`]
+//!   reports the exported memory's type (byte 10), a fresh id and the view's page size.
+//! - Close: null -> `InvalidNullPointer`; not a pointer returned by open in this context ->
+//!   `InvalidArgument`. Put: a handle this process did not export, or already put ->
+//!   `InvalidArgument`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::backend::host::ipc as transport;
+use crate::backend::{Backend, Protection, RawPhysical};
+use crate::driver::{Context, Device};
+use crate::error::{Addr, Error, Result};
+use crate::usm::{AllocDesc, MemoryType};
+use crate::vmm::{PhysicalMemory, PhysicalMemoryFlags};
+
+/// `ZE_MAX_IPC_HANDLE_SIZE`.
+pub const IPC_HANDLE_SIZE: usize = 64;
+const MAGIC: &[u8; 4] = b"HMIP";
+const VERSION: u8 = 1;
+/// The default limit on pieces in a range handle (see [`max_range_pieces`]).
+pub const DEFAULT_MAX_RANGE_PIECES: usize = 1 << 20;
+static MAX_RANGE_PIECES: AtomicUsize = AtomicUsize::new(DEFAULT_MAX_RANGE_PIECES);
+
+/// Most `(physical object, offset, length)` pieces one range handle carries (1 << 20 unless
+/// changed); a larger range is `UnsupportedSize`.
+pub fn max_range_pieces() -> usize {
+    MAX_RANGE_PIECES.load(Ordering::Relaxed)
+}
+
+/// Changes [`max_range_pieces`] for this process (tests of the `UnsupportedSize` rule). Values
+/// below 1 are taken as 1.
+#[doc(hidden)]
+pub fn set_max_range_pieces(n: usize) {
+    MAX_RANGE_PIECES.store(n.max(1), Ordering::Relaxed);
+}
+
+/// `ze_ipc_memory_flags_t` bits: `ZE_IPC_MEMORY_FLAG_BIAS_CACHED`.
+pub const IPC_MEMORY_FLAG_BIAS_CACHED: u32 = 1 << 0;
+/// `ZE_IPC_MEMORY_FLAG_BIAS_UNCACHED`.
+pub const IPC_MEMORY_FLAG_BIAS_UNCACHED: u32 = 1 << 1;
+
+/// What a handle shares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum IpcHandleKind {
+    /// A host / device / shared allocation (`zeMemGetIpcHandle` on a USM pointer).
+    Allocation = 1,
+    /// One physical memory object (a mapped VA, or the object itself).
+    Physical = 2,
+    /// A VA range of several physical objects (`ze_ipc_phys_mem_handle_range_ext_desc_t`).
+    Range = 3,
+}
+
+/// `ze_ipc_mem_handle_type_flags_t`: which handle types memory must support.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IpcHandleTypes(u32);
+
+impl IpcHandleTypes {
+    /// `ZE_IPC_MEM_HANDLE_TYPE_FLAG_DEFAULT` (1 << 0): an fd-backed handle for this node.
+    pub const DEFAULT: IpcHandleTypes = IpcHandleTypes(1);
+    /// `ZE_IPC_MEM_HANDLE_TYPE_FLAG_FABRIC_ACCESSIBLE` (1 << 1): shareable over a fabric.
+    pub const FABRIC_ACCESSIBLE: IpcHandleTypes = IpcHandleTypes(2);
+
+    /// Decodes the C flags: bits over 0x3 are `InvalidEnumeration`; 0 is taken as DEFAULT (the
+    /// spec is silent; zero-initialised descriptors are common).
+    pub fn from_raw(v: u32) -> Result<IpcHandleTypes> {
+        match v {
+            0 => Ok(IpcHandleTypes::DEFAULT),
+            1..=3 => Ok(IpcHandleTypes(v)),
+            _ => Err(Error::InvalidEnumeration(format!(
+                "IPC handle type flags {v:#x} exceed DEFAULT | FABRIC_ACCESSIBLE (0x3)"
+            ))),
+        }
+    }
+    /// The C flags.
+    pub fn raw(self) -> u32 {
+        self.0
+    }
+    /// Whether every type of `other` is in `self`.
+    pub fn contains(self, other: IpcHandleTypes) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+/// The types every backend of this build supports: DEFAULT only (no fabric).
+const SUPPORTED_TYPES: IpcHandleTypes = IpcHandleTypes::DEFAULT;
+
+/// Checks handle types asked at creation (allocation, physical memory) or at get against what
+/// the backend supports (`supported`) and, at get, what the memory was created with
+/// (`created`). Errors: `UnsupportedFeature` naming the type.
+pub fn check_handle_types(
+    asked: IpcHandleTypes,
+    supported: IpcHandleTypes,
+    created: Option<IpcHandleTypes>,
+) -> Result<()> {
+    if !supported.contains(asked) {
+        return Err(Error::UnsupportedFeature(format!(
+            "IPC handle type flags {:#x}: FABRIC_ACCESSIBLE handles are not supported by this \
+             backend (supported: {:#x}, DEFAULT)",
+            asked.0, supported.0
+        )));
+    }
+    if let Some(c) = created {
+        if !c.contains(asked) {
+            return Err(Error::UnsupportedFeature(format!(
+                "IPC handle type flags {:#x} were not requested when the memory was created \
+                 (it was created with {:#x})",
+                asked.0, c.0
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The chained descriptors of `zeMemGetIpcHandleWithProperties`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IpcProperties {
+    /// `ze_ipc_mem_handle_type_ext_desc_t` chained: the handle type asked.
+    pub handle_types: Option<IpcHandleTypes>,
+    /// `ze_ipc_phys_mem_handle_range_ext_desc_t` chained: the size in bytes of the range
+    /// starting at `ptr`.
+    pub range_size: Option<usize>,
+}
+
+/// `ze_ipc_mem_handle_t`: 64 bytes, passed by value, self-describing (see the module docs).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct IpcHandle {
+    /// The raw bytes.
+    pub data: [u8; IPC_HANDLE_SIZE],
+}
+
+impl std::fmt::Debug for IpcHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the token.
+        match decode(self) {
+            Ok(h) => write!(
+                f,
+                "IpcHandle({:?}, pid {}, export {}, {} bytes, fd {})",
+                h.kind,
+                h.pid,
+                h.id,
+                h.size,
+                self.fd()
+            ),
+            Err(_) => f.write_str("IpcHandle(<malformed>)"),
+        }
+    }
+}
+
+impl IpcHandle {
+    /// The handle from its 64 bytes.
+    pub fn from_bytes(data: [u8; IPC_HANDLE_SIZE]) -> IpcHandle {
+        IpcHandle { data }
+    }
+    /// The 64 bytes.
+    pub fn as_bytes(&self) -> &[u8; IPC_HANDLE_SIZE] {
+        &self.data
+    }
+    /// The fd in bytes 0..4 (valid in the exporter, or wherever it was sent and rewritten).
+    pub fn fd(&self) -> i32 {
+        i32::from_le_bytes(self.data[..4].try_into().expect("4 bytes"))
+    }
+    /// Writes `fd` over bytes 0..4 (after receiving the exporter's fd with `SCM_RIGHTS`).
+    pub fn set_fd(&mut self, fd: i32) {
+        self.data[..4].copy_from_slice(&fd.to_le_bytes());
+    }
+    /// The kind, or `None` for bytes that are not a valid handle.
+    pub fn kind(&self) -> Option<IpcHandleKind> {
+        decode(self).ok().map(|h| h.kind)
+    }
+    /// The exporting process's pid, or `None` for bytes that are not a valid handle.
+    pub fn exporter_pid(&self) -> Option<u32> {
+        decode(self).ok().map(|h| h.pid)
+    }
+    /// Size in bytes of the view an open maps, or `None` for bytes that are not a valid handle.
+    pub fn size(&self) -> Option<usize> {
+        decode(self).ok().map(|h| h.size as usize)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Decoded {
+    kind: IpcHandleKind,
+    mem: MemoryType,
+    pid: u32,
+    id: u64,
+    token: [u8; 16],
+    size: u64,
+    ino: u64,
+    pieces: u32,
+}
+
+fn fnv1a(b: &[u8]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for &x in b {
+        h ^= x as u32;
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+fn encode(fd: i32, h: &Decoded) -> IpcHandle {
+    let mut d = [0u8; IPC_HANDLE_SIZE];
+    d[..4].copy_from_slice(&fd.to_le_bytes());
+    d[4..8].copy_from_slice(MAGIC);
+    d[8] = VERSION;
+    d[9] = h.kind as u8;
+    d[10] = h.mem as u8;
+    d[12..16].copy_from_slice(&h.pid.to_le_bytes());
+    d[16..24].copy_from_slice(&h.id.to_le_bytes());
+    d[24..40].copy_from_slice(&h.token);
+    d[40..48].copy_from_slice(&h.size.to_le_bytes());
+    d[48..56].copy_from_slice(&h.ino.to_le_bytes());
+    d[56..60].copy_from_slice(&h.pieces.to_le_bytes());
+    let c = fnv1a(&d[4..60]);
+    d[60..64].copy_from_slice(&c.to_le_bytes());
+    IpcHandle { data: d }
+}
+
+fn decode(h: &IpcHandle) -> Result<Decoded> {
+    let d = &h.data;
+    let bad = |why: &str| {
+        Err(Error::InvalidArgument(format!(
+            "not a hetmem IPC handle: {why}"
+        )))
+    };
+    if &d[4..8] != MAGIC {
+        return bad("bytes 4..8 are not the magic \"HMIP\"");
+    }
+    if d[8] != VERSION {
+        return bad(&format!("version {} is not {VERSION}", d[8]));
+    }
+    let c = u32::from_le_bytes(d[60..64].try_into().expect("4"));
+    if c != fnv1a(&d[4..60]) || !(1..=3).contains(&d[10]) || d[11] != 0 {
+        return bad("checksum mismatch (corrupted or forged bytes)");
+    }
+    let kind = match d[9] {
+        1 => IpcHandleKind::Allocation,
+        2 => IpcHandleKind::Physical,
+        3 => IpcHandleKind::Range,
+        k => return bad(&format!("kind {k} is not 1, 2 or 3")),
+    };
+    let u64at = |i: usize| u64::from_le_bytes(d[i..i + 8].try_into().expect("8"));
+    let mem = match d[10] {
+        1 => MemoryType::Host,
+        2 => MemoryType::Device,
+        _ => MemoryType::Shared,
+    };
+    Ok(Decoded {
+        kind,
+        mem,
+        pid: u32::from_le_bytes(d[12..16].try_into().expect("4")),
+        id: u64at(16),
+        token: d[24..40].try_into().expect("16"),
+        size: u64at(40),
+        ino: u64at(48),
+        pieces: u32::from_le_bytes(d[56..60].try_into().expect("4")),
+    })
+}
+
+/// One piece of a view: `len` bytes of object `obj` (an index into the fds) from `offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Piece {
+    obj: u32,
+    offset: u64,
+    len: u64,
+}
+
+#[derive(Debug)]
+struct ExportRec {
+    token: [u8; 16],
+    kind: IpcHandleKind,
+    context: u64,
+    size: u64,
+    fds: Arc<[OwnedFd]>,
+    pieces: Arc<[Piece]>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ImportRec {
+    size: usize,
+    context: u64,
+    mem: MemoryType,
+    id: u64,
+    page_size: usize,
+}
+
+/// Exports of this process (export id -> record); read by the broker thread.
+static EXPORTS: Mutex<BTreeMap<u64, ExportRec>> = Mutex::new(BTreeMap::new());
+static NEXT_EXPORT: AtomicU64 = AtomicU64::new(1);
+/// Views opened in this process (base -> record).
+static IMPORTS: Mutex<BTreeMap<usize, ImportRec>> = Mutex::new(BTreeMap::new());
+/// Handle types chained at creation, by allocation / physical-object id.
+static CREATED_TYPES: Mutex<Option<HashMap<u64, IpcHandleTypes>>> = Mutex::new(None);
+
+fn own_pid() -> u32 {
+    rustix::process::getpid().as_raw_nonzero().get() as u32
+}
+
+/// Broker status codes (the semantics of a refusal).
+const ST_OK: u32 = 0;
+const ST_UNKNOWN: u32 = 1;
+const ST_TOKEN: u32 = 2;
+
+fn serialize(size: u64, pieces: &[Piece]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(16 + pieces.len() * 24);
+    v.extend_from_slice(&size.to_le_bytes());
+    v.extend_from_slice(&(pieces.len() as u64).to_le_bytes());
+    for p in pieces {
+        v.extend_from_slice(&(p.obj as u64).to_le_bytes());
+        v.extend_from_slice(&p.offset.to_le_bytes());
+        v.extend_from_slice(&p.len.to_le_bytes());
+    }
+    v
+}
+
+fn deserialize(b: &[u8]) -> Option<(u64, Vec<Piece>)> {
+    let u =
+        |i: usize| -> Option<u64> { Some(u64::from_le_bytes(b.get(i..i + 8)?.try_into().ok()?)) };
+    let size = u(0)?;
+    let n = u(8)? as usize;
+    if b.len() != 16 + n.checked_mul(24)? {
+        return None;
+    }
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let at = 16 + i * 24;
+        out.push(Piece {
+            obj: u32::try_from(u(at)?).ok()?,
+            offset: u(at + 8)?,
+            len: u(at + 16)?,
+        });
+    }
+    Some((size, out))
+}
+
+/// The broker's handler: checks the export id and token, answers with dups of the fds.
+fn serve_request(req: &[u8; 64], _peer_pid: u32) -> transport::BrokerReply {
+    let refuse = |status: u32, msg: String| transport::BrokerReply {
+        status,
+        payload: msg.into_bytes(),
+        fds: None,
+    };
+    let h = match decode(&IpcHandle { data: *req }) {
+        Ok(h) => h,
+        Err(e) => return refuse(ST_UNKNOWN, e.message().to_string()),
+    };
+    let (fds, size, pieces) = {
+        let ex = EXPORTS.lock();
+        let Some(rec) = ex.get(&h.id).filter(|_| h.pid == own_pid()) else {
+            return refuse(
+                ST_UNKNOWN,
+                format!(
+                "export {} of process {} does not exist (it was put, its context was destroyed, \
+                 or it never existed)",
+                h.id, h.pid
+            ),
+            );
+        };
+        if !token_eq(&rec.token, &h.token) {
+            return refuse(ST_TOKEN, format!("wrong token for export {}", h.id));
+        }
+        (rec.fds.clone(), rec.size, rec.pieces.clone())
+    };
+    // Sent after the lock is dropped; a concurrent put leaves these fds open until sent.
+    transport::BrokerReply {
+        status: ST_OK,
+        payload: serialize(size, &pieces),
+        fds: Some(fds),
+    }
+}
+
+/// Constant-time comparison of tokens.
+fn token_eq(a: &[u8; 16], b: &[u8; 16]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn start_broker() -> Result<()> {
+    transport::start_broker(|| Arc::new(serve_request)).map_err(|e| {
+        Error::Unknown(format!(
+            "could not start the IPC broker socket {:?}: {e}",
+            transport::broker_name(own_pid())
+        ))
+    })
+}
+
+/// Registers an export and makes its handle.
+fn register(
+    context: u64,
+    kind: IpcHandleKind,
+    mem: MemoryType,
+    size: usize,
+    fds: Vec<OwnedFd>,
+    pieces: Vec<Piece>,
+) -> Result<IpcHandle> {
+    start_broker()?;
+    let token = transport::random_token()
+        .map_err(|e| Error::Unknown(format!("getrandom for an IPC token failed: {e}")))?;
+    let first = fds.first().expect("an export has an fd");
+    let (_, ino, _) = transport::fd_identity(first.as_fd()).unwrap_or_default();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(first);
+    let id = NEXT_EXPORT.fetch_add(1, Ordering::Relaxed);
+    let h = Decoded {
+        kind,
+        mem,
+        pid: own_pid(),
+        id,
+        token,
+        size: size as u64,
+        ino,
+        pieces: pieces.len() as u32,
+    };
+    EXPORTS.lock().insert(
+        id,
+        ExportRec {
+            token,
+            kind,
+            context,
+            size: size as u64,
+            fds: fds.into(),
+            pieces: pieces.into(),
+        },
+    );
+    Ok(encode(fd, &h))
+}
+
+/// What an open needs: the view size, the objects' fds and the pieces.
+struct Material {
+    size: usize,
+    fds: Vec<OwnedFd>,
+    pieces: Vec<Piece>,
+}
+
+fn dup_all(fds: &[OwnedFd]) -> Result<Vec<OwnedFd>> {
+    fds.iter()
+        .map(|f| {
+            transport::dup_fd(f.as_fd()).map_err(|e| {
+                Error::OutOfHostMemory(format!("fcntl(F_DUPFD_CLOEXEC) for an IPC open: {e}"))
+            })
+        })
+        .collect()
+}
+
+fn material(h: &Decoded, handle: &IpcHandle) -> Result<Material> {
+    if h.pid == own_pid() {
+        let ex = EXPORTS.lock();
+        let rec = ex.get(&h.id).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "export {} of this process does not exist (it was put, its context was \
+                 destroyed, or it never existed)",
+                h.id
+            ))
+        })?;
+        if !token_eq(&rec.token, &h.token) {
+            return Err(Error::InvalidArgument(format!(
+                "wrong token for export {} of this process",
+                h.id
+            )));
+        }
+        if rec.kind != h.kind || rec.size != h.size {
+            return Err(Error::InvalidArgument(format!(
+                "handle of export {} does not match the export (kind or size altered)",
+                h.id
+            )));
+        }
+        return Ok(Material {
+            size: rec.size as usize,
+            fds: dup_all(&rec.fds)?,
+            pieces: rec.pieces.to_vec(),
+        });
+    }
+    // The fd transport: bytes 0..4 hold an fd of ours that is the exported memfd itself.
+    let fd = handle.fd();
+    if h.kind != IpcHandleKind::Range && fd >= 0 {
+        // SAFETY: only inspected (fstat) and duplicated; an fd number that is not open fails.
+        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+        if let Some((_, ino, size)) = transport::fd_identity(b) {
+            if ino == h.ino && size >= h.size {
+                let d = dup_all(std::slice::from_ref(&transport::dup_fd(b).map_err(
+                    |e| {
+                        Error::OutOfHostMemory(format!(
+                            "fcntl(F_DUPFD_CLOEXEC) for an IPC open: {e}"
+                        ))
+                    },
+                )?))?;
+                return Ok(Material {
+                    size: h.size as usize,
+                    fds: d,
+                    pieces: vec![Piece {
+                        obj: 0,
+                        offset: 0,
+                        len: h.size,
+                    }],
+                });
+            }
+        }
+    }
+    // The bytes-only transport: ask the exporter's broker.
+    let max_pieces = max_range_pieces();
+    let reply = transport::broker_request(h.pid, &handle.data, 16 + 24 * max_pieces, max_pieces)
+        .map_err(|e| {
+            if e == rustix::io::Errno::CONNREFUSED || e == rustix::io::Errno::NOENT {
+                Error::InvalidArgument(format!(
+                    "the exporting process {} is gone (no IPC broker answers): the handle \
+                     cannot be opened any more",
+                    h.pid
+                ))
+            } else {
+                Error::InvalidArgument(format!("the IPC broker of process {} failed: {e}", h.pid))
+            }
+        })?;
+    if reply.status != ST_OK {
+        return Err(Error::InvalidArgument(format!(
+            "process {} refused the handle: {}",
+            h.pid,
+            String::from_utf8_lossy(&reply.payload)
+        )));
+    }
+    let (size, pieces) = deserialize(&reply.payload).ok_or_else(|| {
+        Error::InvalidArgument(format!("malformed piece list from process {}", h.pid))
+    })?;
+    if size != h.size || pieces.len() != h.pieces as usize {
+        return Err(Error::InvalidArgument(format!(
+            "process {} described a view of {size:#x} bytes in {} pieces, the handle says \
+             {:#x} bytes in {}",
+            h.pid,
+            pieces.len(),
+            h.size,
+            h.pieces
+        )));
+    }
+    Ok(Material {
+        size: size as usize,
+        fds: reply.fds,
+        pieces,
+    })
+}
+
+/// Checks that the pieces tile `size` bytes and lie inside their objects (so no mapping can
+/// reach past an object's end).
+fn validate(m: &Material) -> Result<()> {
+    let page = crate::backend::host::os_page_size() as u64;
+    let mut total: u64 = 0;
+    for p in &m.pieces {
+        let fd = m.fds.get(p.obj as usize).ok_or_else(|| {
+            Error::InvalidArgument(format!("piece names object {} of {}", p.obj, m.fds.len()))
+        })?;
+        let (_, _, osize) = transport::fd_identity(fd.as_fd()).unwrap_or_default();
+        let end = p.offset.checked_add(p.len);
+        if p.len == 0
+            || !p.offset.is_multiple_of(page)
+            || !p.len.is_multiple_of(page)
+            || end.is_none_or(|e| e > osize)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "piece [{:#x}, +{:#x}) of object {} does not fit its {osize:#x} bytes",
+                p.offset, p.len, p.obj
+            )));
+        }
+        total += p.len;
+    }
+    if total != m.size as u64 {
+        return Err(Error::InvalidArgument(format!(
+            "pieces cover {total:#x} bytes, the view is {:#x}",
+            m.size
+        )));
+    }
+    Ok(())
+}
+
+/// Maps the material into a fresh reservation; returns its base.
+fn map_view(backend: &dyn Backend, align: usize, m: Material) -> Result<usize> {
+    // SAFETY: a fresh placeholder chosen by the backend; replaces nothing.
+    let base = unsafe { backend.reserve(None, m.size, align)? };
+    let mut raws: Vec<RawPhysical> = Vec::with_capacity(m.fds.len());
+    let mut result = Ok(());
+    for fd in m.fds {
+        match backend.import_physical(fd) {
+            Ok(r) => raws.push(r),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    let mut at = base;
+    if result.is_ok() {
+        for p in &m.pieces {
+            // SAFETY: [at, at+len) is an unmapped part of our fresh reservation, and the piece
+            // lies inside its object (validated).
+            let r = unsafe {
+                backend.map(
+                    at,
+                    p.len as usize,
+                    raws[p.obj as usize],
+                    p.offset as usize,
+                    Protection::ReadWrite,
+                )
+            };
+            if let Err(e) = r {
+                result = Err(e);
+                break;
+            }
+            at += p.len as usize;
+        }
+    }
+    for r in raws {
+        // SAFETY: imported above; the mappings keep the memory, the handle is not used again.
+        unsafe { backend.destroy_physical(r) };
+    }
+    if let Err(e) = result {
+        // SAFETY: our reservation, mapped in [base, at).
+        unsafe { backend.release_mapped(base, m.size, &[(base, at)]).ok() };
+        return Err(e);
+    }
+    Ok(base)
+}
+
+/// `(base, size)` of a view opened in this process that contains `ptr`
+/// (`zeMemGetAddressRange` on an opened pointer).
+pub(crate) fn opened_range(ptr: usize) -> Option<(usize, usize)> {
+    let im = IMPORTS.lock();
+    let (&b, r) = im.range(..=ptr).next_back()?;
+    (ptr < b + r.size).then_some((b, r.size))
+}
+
+/// Properties of a view opened in this process that contains `ptr`
+/// (`zeMemGetAllocProperties` on an opened pointer): the exported memory's type, an id of the
+/// view (unique, never reused), the view's page size; no device.
+pub(crate) fn opened_properties(ptr: usize) -> Option<crate::usm::AllocationProperties> {
+    let im = IMPORTS.lock();
+    let (&b, r) = im.range(..=ptr).next_back()?;
+    (ptr < b + r.size).then(|| crate::usm::AllocationProperties {
+        memory_type: r.mem,
+        id: r.id,
+        page_size: r.page_size,
+        ..Default::default()
+    })
+}
+
+/// The memory type a physical object's location reports.
+fn location_type(loc: crate::backend::PhysicalLocation) -> MemoryType {
+    match loc {
+        crate::backend::PhysicalLocation::Device(_) => MemoryType::Device,
+        crate::backend::PhysicalLocation::Host => MemoryType::Host,
+    }
+}
+
+/// Context teardown: closes the context's open views and puts its exports.
+pub(crate) fn release_context(backend: &dyn Backend, context: u64) {
+    let views: Vec<(usize, usize)> = {
+        let mut im = IMPORTS.lock();
+        let keys: Vec<usize> = im
+            .iter()
+            .filter(|(_, r)| r.context == context)
+            .map(|(&b, _)| b)
+            .collect();
+        keys.into_iter()
+            .map(|b| (b, im.remove(&b).expect("listed").size))
+            .collect()
+    };
+    for (b, s) in views {
+        // SAFETY: a view we mapped; the context is gone, so nobody uses it.
+        unsafe { backend.release_mapped(b, s, &[(b, b + s)]).ok() };
+    }
+    EXPORTS.lock().retain(|_, r| r.context != context);
+}
+
+/// Number of live exports of this process (handles got and not put), for leak checks.
+pub fn live_exports() -> usize {
+    EXPORTS.lock().len()
+}
+
+/// Number of views opened in this process and not closed, for leak checks.
+pub fn open_views() -> usize {
+    IMPORTS.lock().len()
+}
+
+fn record_created(id: u64, types: IpcHandleTypes) {
+    CREATED_TYPES
+        .lock()
+        .get_or_insert_with(HashMap::new)
+        .insert(id, types);
+}
+
+fn created_types(id: u64) -> Option<IpcHandleTypes> {
+    CREATED_TYPES.lock().as_ref()?.get(&id).copied()
+}
+
+impl Context {
+    /// `zeMemGetIpcHandle`: a handle for the allocation containing `ptr`, or for the physical
+    /// object mapped at `ptr` in a reservation. See [`Context::get_ipc_handle_with_properties`].
+    pub fn get_ipc_handle(&self, ptr: usize) -> Result<IpcHandle> {
+        self.get_ipc_handle_with_properties(ptr, &IpcProperties::default())
+    }
+
+    /// `zeMemGetIpcHandleWithProperties`: as [`Context::get_ipc_handle`], with the chained
+    /// handle-type descriptor and / or range descriptor (`props.range_size`: the handle then
+    /// captures every physical object mapped along `[ptr, ptr+size)`, in address order; the
+    /// importer's view is `size` bytes and starts at the byte `ptr` names).
+    ///
+    /// Errors: `InvalidNullPointer` for null; `InvalidEnumeration` / `UnsupportedFeature` for
+    /// handle types (FABRIC_ACCESSIBLE is not supported on the host backend; a type not asked
+    /// at creation); `InvalidArgument` for a pointer in no allocation of this context and no
+    /// mapped page, or imported system memory. With a range: `InvalidSize` for size 0,
+    /// `UnsupportedAlignment` / `UnsupportedSize` for a pointer / size that is not a multiple
+    /// of the OS page, `InvalidArgument` if a USM allocation overlaps the range,
+    /// `AddressNotFound` naming the first unmapped byte, `UnsupportedSize` past
+    /// [`max_range_pieces`] pieces. Nothing changes on error.
+    pub fn get_ipc_handle_with_properties(
+        &self,
+        ptr: usize,
+        props: &IpcProperties,
+    ) -> Result<IpcHandle> {
+        if ptr == 0 {
+            return Err(Error::InvalidNullPointer("IPC pointer is null".into()));
+        }
+        let asked = props.handle_types.unwrap_or(IpcHandleTypes::DEFAULT);
+        check_handle_types(asked, SUPPORTED_TYPES, None)?;
+        if let Some(size) = props.range_size {
+            return self.export_range(ptr, size);
+        }
+        let drv = self.driver();
+        let d = &drv.shared;
+        let usm = d.usm.read();
+        if let Some((base, span, kind, id, ctx, raw)) = usm.ipc_source(ptr) {
+            if ctx != self.id() {
+                return Err(Error::InvalidArgument(format!(
+                    "{} is an allocation of another context",
+                    Addr(ptr)
+                )));
+            }
+            let Some(raw) = raw.filter(|_| kind != MemoryType::HostImported) else {
+                return Err(Error::InvalidArgument(format!(
+                    "{} is imported system memory, which has no shareable memory object",
+                    Addr(ptr)
+                )));
+            };
+            check_handle_types(asked, SUPPORTED_TYPES, created_types(id))?;
+            let fd = d.backend.export_allocation(raw)?;
+            drop(usm);
+            let _ = base;
+            return register(
+                self.id(),
+                IpcHandleKind::Allocation,
+                kind,
+                span,
+                vec![fd],
+                vec![Piece {
+                    obj: 0,
+                    offset: 0,
+                    len: span as u64,
+                }],
+            );
+        }
+        drop(usm);
+        let phys = d.vm.read().pointer_info(ptr).and_then(|v| v.mapped);
+        match phys {
+            Some((id, _, _)) => self.export_physical(id, asked),
+            None => Err(Error::InvalidArgument(format!(
+                "{} is in no allocation of this context and no mapped page of a reservation",
+                Addr(ptr)
+            ))),
+        }
+    }
+
+    /// A handle for physical memory object `phys` (`zeMemGetIpcHandleWithProperties` with the
+    /// physical memory handle as the pointer). The importer's view is the whole object.
+    ///
+    /// Errors: `InvalidArgument` for an object that is not live in this context; handle types
+    /// as [`Context::get_ipc_handle_with_properties`].
+    pub fn get_physical_memory_ipc_handle(
+        &self,
+        phys: PhysicalMemory,
+        handle_types: Option<IpcHandleTypes>,
+    ) -> Result<IpcHandle> {
+        let asked = handle_types.unwrap_or(IpcHandleTypes::DEFAULT);
+        check_handle_types(asked, SUPPORTED_TYPES, None)?;
+        self.export_physical(phys.id, asked)
+    }
+
+    fn export_physical(&self, id: u64, asked: IpcHandleTypes) -> Result<IpcHandle> {
+        let drv = self.driver();
+        let d = &drv.shared;
+        let vm = d.vm.read();
+        let (raw, size, loc) = match vm.physical_raw(id) {
+            Some((raw, size, ctx, loc)) if ctx == self.id() => (raw, size, loc),
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "physical memory {id} is not a live object of this context"
+                )))
+            }
+        };
+        check_handle_types(asked, SUPPORTED_TYPES, created_types(id))?;
+        let fd = d.backend.export_physical(raw)?;
+        drop(vm);
+        register(
+            self.id(),
+            IpcHandleKind::Physical,
+            location_type(loc),
+            size,
+            vec![fd],
+            vec![Piece {
+                obj: 0,
+                offset: 0,
+                len: size as u64,
+            }],
+        )
+    }
+
+    fn export_range(&self, ptr: usize, size: usize) -> Result<IpcHandle> {
+        if size == 0 {
+            return Err(Error::InvalidSize("IPC range size is 0".into()));
+        }
+        let page = crate::backend::host::os_page_size();
+        if !ptr.is_multiple_of(page) {
+            return Err(Error::UnsupportedAlignment(format!(
+                "IPC range start {} is not a multiple of the {page:#x}-byte page",
+                Addr(ptr)
+            )));
+        }
+        if !size.is_multiple_of(page) {
+            return Err(Error::UnsupportedSize(format!(
+                "IPC range size {size:#x} is not a multiple of the {page:#x}-byte page"
+            )));
+        }
+        let end = ptr.checked_add(size).ok_or_else(|| {
+            Error::InvalidArgument(format!("IPC range {} + {size:#x} overflows", Addr(ptr)))
+        })?;
+        let drv = self.driver();
+        let d = &drv.shared;
+        // Lock order: usm before vm.
+        let usm = d.usm.read();
+        if let Some((s, e)) = usm.overlapping_range(ptr, end) {
+            return Err(Error::InvalidArgument(format!(
+                "IPC range [{}, {}) includes the USM allocation [{}, {}); range handles cover \
+                 reserved VA mapped to physical memory only",
+                Addr(ptr),
+                Addr(end),
+                Addr(s),
+                Addr(e)
+            )));
+        }
+        let vm = d.vm.read();
+        drop(usm);
+        let runs = vm.mapped_pieces(ptr, end).map_err(|hole| {
+            Error::AddressNotFound(format!(
+                "IPC range [{}, {}) is not fully mapped: {} is not mapped to physical memory",
+                Addr(ptr),
+                Addr(end),
+                Addr(hole)
+            ))
+        })?;
+        let limit = max_range_pieces();
+        if runs.len() > limit {
+            return Err(Error::UnsupportedSize(format!(
+                "IPC range [{}, {}) has {} mapped pieces; a range handle carries at most {limit}",
+                Addr(ptr),
+                Addr(end),
+                runs.len()
+            )));
+        }
+        let mut index: HashMap<u64, u32> = HashMap::new();
+        let mut mem = MemoryType::Device;
+        let mut fds = Vec::new();
+        let mut pieces = Vec::with_capacity(runs.len());
+        for (phys, offset, len) in runs {
+            let obj = match index.get(&phys) {
+                Some(&i) => i,
+                None => {
+                    let raw = match vm.physical_raw(phys) {
+                        Some((raw, _, ctx, loc)) if ctx == self.id() => {
+                            if fds.is_empty() {
+                                mem = location_type(loc);
+                            }
+                            raw
+                        }
+                        _ => {
+                            return Err(Error::InvalidArgument(format!(
+                                "IPC range [{}, {}) maps physical memory {phys} of another \
+                                 context",
+                                Addr(ptr),
+                                Addr(end)
+                            )))
+                        }
+                    };
+                    fds.push(d.backend.export_physical(raw)?);
+                    let i = (fds.len() - 1) as u32;
+                    index.insert(phys, i);
+                    i
+                }
+            };
+            pieces.push(Piece {
+                obj,
+                offset: offset as u64,
+                len: len as u64,
+            });
+        }
+        drop(vm);
+        register(self.id(), IpcHandleKind::Range, mem, size, fds, pieces)
+    }
+
+    /// `zeMemOpenIpcHandle`: maps what `handle` shares into a fresh range of this process and
+    /// returns its start. Works in any process of the exporter's uid, the exporter included;
+    /// every call gives a new pointer. `flags` are `ze_ipc_memory_flags_t` (BIAS_CACHED,
+    /// BIAS_UNCACHED: accepted, no effect on the host backend). The view stays valid until
+    /// [`Context::close_ipc_handle`], even if the exporter frees the memory or exits.
+    ///
+    /// Errors: `InvalidEnumeration` for flags over 0x3; `InvalidArgument` for bytes that are
+    /// not a handle, a handle that was put or whose context is gone, a wrong token, a vanished
+    /// exporter (for a handle the fd transport cannot serve); `OutOfHostMemory` if the OS
+    /// refuses.
+    pub fn open_ipc_handle(&self, handle: &IpcHandle, flags: u32) -> Result<usize> {
+        if flags > (IPC_MEMORY_FLAG_BIAS_CACHED | IPC_MEMORY_FLAG_BIAS_UNCACHED) {
+            return Err(Error::InvalidEnumeration(format!(
+                "IPC memory flags {flags:#x} exceed BIAS_CACHED | BIAS_UNCACHED (0x3)"
+            )));
+        }
+        let h = decode(handle)?;
+        let m = material(&h, handle)?;
+        validate(&m)?;
+        let drv = self.driver();
+        let d = &drv.shared;
+        let align = d.vm.read().page_size(m.size);
+        let size = m.size;
+        let base = map_view(d.backend.as_ref(), align, m)?;
+        IMPORTS.lock().insert(
+            base,
+            ImportRec {
+                size,
+                context: self.id(),
+                mem: h.mem,
+                id: crate::capacity::fresh_id(),
+                page_size: align,
+            },
+        );
+        Ok(base)
+    }
+
+    /// `zeMemCloseIpcHandle`: unmaps the view that [`Context::open_ipc_handle`] returned at
+    /// `ptr`. No fd stays open for a view, so nothing else is released.
+    ///
+    /// Errors: `InvalidNullPointer` for null; `InvalidArgument` for a pointer that is not an
+    /// open view of this context.
+    pub fn close_ipc_handle(&self, ptr: usize) -> Result<()> {
+        if ptr == 0 {
+            return Err(Error::InvalidNullPointer("pointer to close is null".into()));
+        }
+        let mut im = IMPORTS.lock();
+        let rec = match im.get(&ptr) {
+            Some(r) if r.context == self.id() => *r,
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "{} is not a pointer returned by open_ipc_handle in this context",
+                    Addr(ptr)
+                )))
+            }
+        };
+        let drv = self.driver();
+        // SAFETY: the whole view we mapped at open.
+        unsafe {
+            drv.shared
+                .backend
+                .release_mapped(ptr, rec.size, &[(ptr, ptr + rec.size)])?
+        };
+        im.remove(&ptr);
+        Ok(())
+    }
+
+    /// `zeMemPutIpcHandle`: releases what the export of `handle` holds (its fds; the memory
+    /// goes once nothing else holds it). Views already opened stay valid; later opens fail.
+    ///
+    /// Errors: `InvalidArgument` for bytes that are not a handle, a handle exported by another
+    /// process or context, or one already put.
+    pub fn put_ipc_handle(&self, handle: &IpcHandle) -> Result<()> {
+        let h = decode(handle)?;
+        if h.pid != own_pid() {
+            return Err(Error::InvalidArgument(format!(
+                "handle was exported by process {}, not this one ({})",
+                h.pid,
+                own_pid()
+            )));
+        }
+        let mut ex = EXPORTS.lock();
+        match ex.get(&h.id) {
+            Some(r) if r.context == self.id() && token_eq(&r.token, &h.token) => {}
+            Some(_) => {
+                return Err(Error::InvalidArgument(format!(
+                    "export {} belongs to another context or the token is wrong",
+                    h.id
+                )))
+            }
+            None => {
+                return Err(Error::InvalidArgument(format!(
+                    "export {} was already put or never existed",
+                    h.id
+                )))
+            }
+        }
+        let rec = ex.remove(&h.id).expect("checked");
+        drop(ex);
+        drop(rec);
+        Ok(())
+    }
+
+    /// `zeMemAllocDevice` with `ze_ipc_mem_handle_type_ext_desc_t` chained: as
+    /// [`Context::alloc_device`], recording the handle types the memory must support.
+    ///
+    /// Errors: as [`Context::alloc_device`]; `InvalidEnumeration` / `UnsupportedFeature` for
+    /// the types (FABRIC_ACCESSIBLE is not supported on the host backend), before anything is
+    /// allocated.
+    pub fn alloc_device_with_ipc_types(
+        &self,
+        device: &Device,
+        desc: &AllocDesc,
+        types: IpcHandleTypes,
+    ) -> Result<usize> {
+        check_handle_types(types, SUPPORTED_TYPES, None)?;
+        let p = self.alloc_device(device, desc)?;
+        self.record_alloc_types(p, types);
+        Ok(p)
+    }
+
+    /// `zeMemAllocHost` with `ze_ipc_mem_handle_type_ext_desc_t` chained; see
+    /// [`Context::alloc_device_with_ipc_types`].
+    pub fn alloc_host_with_ipc_types(
+        &self,
+        desc: &AllocDesc,
+        types: IpcHandleTypes,
+    ) -> Result<usize> {
+        check_handle_types(types, SUPPORTED_TYPES, None)?;
+        let p = self.alloc_host(desc)?;
+        self.record_alloc_types(p, types);
+        Ok(p)
+    }
+
+    fn record_alloc_types(&self, ptr: usize, types: IpcHandleTypes) {
+        if let Some((_, _, _, id, _, _)) = self.driver().shared.usm.read().ipc_source(ptr) {
+            record_created(id, types);
+        }
+    }
+
+    /// `zePhysicalMemCreate` with `ze_ipc_mem_handle_type_ext_desc_t` chained: as
+    /// [`Context::create_physical_memory`], recording the handle types.
+    ///
+    /// Errors: as [`Context::create_physical_memory`]; `InvalidEnumeration` /
+    /// `UnsupportedFeature` for the types, before anything is created.
+    pub fn create_physical_memory_with_ipc_types(
+        &self,
+        device: Option<&Device>,
+        flags: PhysicalMemoryFlags,
+        size: usize,
+        types: IpcHandleTypes,
+    ) -> Result<PhysicalMemory> {
+        check_handle_types(types, SUPPORTED_TYPES, None)?;
+        let p = self.create_physical_memory(device, flags, size)?;
+        record_created(p.id, types);
+        Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Decoded {
+        Decoded {
+            kind: IpcHandleKind::Range,
+            mem: MemoryType::Device,
+            pid: 1234,
+            id: 77,
+            token: [9; 16],
+            size: 1 << 20,
+            ino: 42,
+            pieces: 3,
+        }
+    }
+
+    #[test]
+    fn handle_round_trips_and_keeps_the_fd_in_the_first_four_bytes() {
+        let h = encode(17, &sample());
+        assert_eq!(h.fd(), 17);
+        let d = decode(&h).unwrap();
+        assert_eq!(
+            (d.kind, d.pid, d.id, d.size, d.ino, d.pieces),
+            (IpcHandleKind::Range, 1234, 77, 1 << 20, 42, 3)
+        );
+        let mut h2 = h;
+        h2.set_fd(99);
+        assert_eq!(h2.fd(), 99);
+        assert!(decode(&h2).is_ok(), "the fd is not covered by the checksum");
+    }
+
+    #[test]
+    fn any_altered_byte_after_the_fd_is_rejected() {
+        let h = encode(3, &sample());
+        for i in 4..64 {
+            let mut b = h;
+            b.data[i] ^= 0x40;
+            let e = decode(&b).unwrap_err();
+            assert_eq!(e.ze_result(), 0x7800_0004, "byte {i}");
+        }
+        assert!(decode(&IpcHandle::from_bytes([0; 64])).is_err());
+    }
+
+    #[test]
+    fn handle_types_fabric_is_unsupported_and_bits_over_3_are_invalid_enumeration() {
+        assert_eq!(
+            IpcHandleTypes::from_raw(4).unwrap_err().ze_result(),
+            0x7800_000c
+        );
+        assert_eq!(
+            IpcHandleTypes::from_raw(0).unwrap(),
+            IpcHandleTypes::DEFAULT
+        );
+        let e = check_handle_types(IpcHandleTypes::FABRIC_ACCESSIBLE, SUPPORTED_TYPES, None);
+        assert_eq!(e.unwrap_err().ze_result(), 0x7800_0003);
+        // A backend with fabric support: asking for a type not chained at creation fails.
+        let both = IpcHandleTypes::from_raw(3).unwrap();
+        let e = check_handle_types(
+            IpcHandleTypes::FABRIC_ACCESSIBLE,
+            both,
+            Some(IpcHandleTypes::DEFAULT),
+        );
+        assert_eq!(e.unwrap_err().ze_result(), 0x7800_0003);
+        assert!(check_handle_types(IpcHandleTypes::DEFAULT, both, Some(both)).is_ok());
+    }
+
+    #[test]
+    fn piece_list_round_trips_and_rejects_truncation() {
+        let p = vec![
+            Piece {
+                obj: 0,
+                offset: 0x10000,
+                len: 0x20000,
+            },
+            Piece {
+                obj: 2,
+                offset: 0,
+                len: 0x10000,
+            },
+        ];
+        let b = serialize(0x30000, &p);
+        assert_eq!(deserialize(&b), Some((0x30000, p)));
+        assert_eq!(deserialize(&b[..b.len() - 1]), None);
+    }
+}

@@ -1,0 +1,401 @@
+//! IPC rules inside one process: range handles (every bullet of the range descriptor), handle
+//! types, open / close / put codes, opening in the exporting process.
+
+mod ipc_common;
+
+use std::sync::Mutex;
+
+use hetmem::{
+    AccessAttribute, AllocDesc, IpcHandle, IpcHandleTypes, IpcProperties, PhysicalMemoryFlags,
+};
+use ipc_common::*;
+
+/// Tests that change the process-wide piece limit hold this lock, as do those exporting ranges.
+static LIMIT: Mutex<()> = Mutex::new(());
+
+fn range(size: usize) -> IpcProperties {
+    IpcProperties {
+        range_size: Some(size),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn range_view_has_exactly_the_exporters_bytes_and_reports_its_full_size() {
+    let _g = LIMIT.lock().unwrap();
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let (e, _) = make_range(&ctx);
+    fill(e.ptr, e.size, 77);
+    let h = ctx
+        .get_ipc_handle_with_properties(e.ptr, &range(e.size))
+        .unwrap();
+    assert_eq!(h.kind(), Some(hetmem::IpcHandleKind::Range));
+    let p = ctx.open_ipc_handle(&h, 0).unwrap();
+    assert_ne!(p, e.ptr);
+    assert_eq!(ctx.get_address_range(p).unwrap(), (p, e.size));
+    assert_eq!(ctx.get_address_range(p + e.size - 1).unwrap(), (p, e.size));
+    assert_eq!(check(p, e.size, 77), None);
+    // The same memory, not a copy.
+    // SAFETY: both views are mapped read-write.
+    unsafe { ((p + 3 * K64) as *mut u64).write(0x5eed) };
+    assert_eq!(unsafe { ((e.ptr + 3 * K64) as *const u64).read() }, 0x5eed);
+    ctx.close_ipc_handle(p).unwrap();
+    ctx.put_ipc_handle(&h).unwrap();
+    e.destroy(&ctx);
+}
+
+#[test]
+fn range_handle_is_a_snapshot_of_the_mappings_at_export() {
+    let _g = LIMIT.lock().unwrap();
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = ctx.driver().device(0).unwrap();
+    let (e, _) = make_range(&ctx);
+    fill(e.ptr, e.size, 9);
+    let h = ctx
+        .get_ipc_handle_with_properties(e.ptr, &range(e.size))
+        .unwrap();
+    let before = ctx.open_ipc_handle(&h, 0).unwrap();
+    // Remap the second reservation's first 512 KiB to a fresh object with other bytes.
+    let r1 = e.reservations[1];
+    ctx.unmap(r1.base, 8 * K64).unwrap();
+    let fresh = ctx
+        .create_physical_memory(Some(&dev), PhysicalMemoryFlags::AllocateOnDevice, 8 * K64)
+        .unwrap();
+    ctx.map(r1.base, 8 * K64, fresh, 0, AccessAttribute::ReadWrite)
+        .unwrap();
+    fill(r1.base, 8 * K64, 1);
+    let after = ctx.open_ipc_handle(&h, 0).unwrap();
+    for v in [before, after] {
+        assert_eq!(
+            check(v, e.size, 9),
+            None,
+            "both views show the objects exported"
+        );
+    }
+    ctx.close_ipc_handle(before).unwrap();
+    ctx.close_ipc_handle(after).unwrap();
+    ctx.put_ipc_handle(&h).unwrap();
+    ctx.unmap(r1.base, 8 * K64).unwrap();
+    ctx.destroy_physical_memory(fresh).unwrap();
+    // The rest of the teardown: map back nothing, objects 3 is unmapped already.
+    for r in &e.reservations {
+        ctx.free_reservation(*r).unwrap();
+    }
+    for o in &e.objects {
+        ctx.destroy_physical_memory(*o).unwrap();
+    }
+}
+
+#[test]
+fn range_with_a_hole_is_address_not_found() {
+    let _g = LIMIT.lock().unwrap();
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let (e, hole) = make_range(&ctx);
+    let err = ctx
+        .get_ipc_handle_with_properties(e.ptr, &range(e.size + K64))
+        .unwrap_err();
+    assert_eq!(err.ze_result(), 0x7800_0021);
+    assert!(err.message().contains(&format!("{hole:#x}")), "{err}");
+    // Outside any reservation too.
+    let r = ctx.reserve(None, 4 * K64).unwrap();
+    let err = ctx
+        .get_ipc_handle_with_properties(r.base, &range(K64))
+        .unwrap_err();
+    assert_eq!(err.ze_result(), 0x7800_0021);
+    ctx.free_reservation(r).unwrap();
+    e.destroy(&ctx);
+}
+
+#[test]
+fn range_size_0_is_invalid_size_and_null_is_invalid_null_pointer() {
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let (e, _) = make_range(&ctx);
+    let err = ctx
+        .get_ipc_handle_with_properties(e.ptr, &range(0))
+        .unwrap_err();
+    assert_eq!(err.ze_result(), 0x7800_0008);
+    let err = ctx
+        .get_ipc_handle_with_properties(0, &range(K64))
+        .unwrap_err();
+    assert_eq!(err.ze_result(), 0x7800_0007);
+    assert_eq!(ctx.get_ipc_handle(0).unwrap_err().ze_result(), 0x7800_0007);
+    e.destroy(&ctx);
+}
+
+#[test]
+fn range_including_a_usm_allocation_is_invalid_argument() {
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = ctx.driver().device(0).unwrap();
+    for p in [
+        ctx.alloc_device(&dev, &AllocDesc::new(4 * K64)).unwrap(),
+        ctx.alloc_host(&AllocDesc::new(4 * K64)).unwrap(),
+        ctx.alloc_shared(Some(&dev), &AllocDesc::new(4 * K64))
+            .unwrap(),
+    ] {
+        let err = ctx
+            .get_ipc_handle_with_properties(p, &range(K64))
+            .unwrap_err();
+        assert_eq!(err.ze_result(), 0x7800_0004, "{err}");
+        assert!(err.message().contains("USM"), "{err}");
+        ctx.free_memory(p).unwrap();
+    }
+}
+
+#[test]
+fn range_with_more_pieces_than_the_limit_is_unsupported_size_naming_it() {
+    let _g = LIMIT.lock().unwrap();
+    assert_eq!(hetmem::ipc::max_range_pieces(), 1 << 20);
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let (e, _) = make_range(&ctx);
+    hetmem::ipc::set_max_range_pieces(6);
+    let err = ctx
+        .get_ipc_handle_with_properties(e.ptr, &range(e.size))
+        .unwrap_err();
+    hetmem::ipc::set_max_range_pieces(hetmem::ipc::DEFAULT_MAX_RANGE_PIECES);
+    assert_eq!(err.ze_result(), 0x7800_0009);
+    assert!(
+        err.message().contains("7 mapped pieces") && err.message().contains("at most 6"),
+        "{err}"
+    );
+    e.destroy(&ctx);
+}
+
+#[test]
+fn fabric_accessible_is_unsupported_feature_at_get_and_at_creation() {
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = ctx.driver().device(0).unwrap();
+    let fabric = IpcHandleTypes::FABRIC_ACCESSIBLE;
+    let e = make_alloc(&ctx);
+    let props = IpcProperties {
+        handle_types: Some(fabric),
+        ..Default::default()
+    };
+    let err = ctx
+        .get_ipc_handle_with_properties(e.ptr, &props)
+        .unwrap_err();
+    assert_eq!(err.ze_result(), 0x7800_0003);
+    assert!(err.message().contains("FABRIC_ACCESSIBLE"), "{err}");
+    let before = ctx.driver().usm_stats();
+    let err = ctx
+        .alloc_device_with_ipc_types(&dev, &AllocDesc::new(K64), fabric)
+        .unwrap_err();
+    assert_eq!(err.ze_result(), 0x7800_0003);
+    let err = ctx
+        .alloc_host_with_ipc_types(&AllocDesc::new(K64), fabric)
+        .unwrap_err();
+    assert_eq!(err.ze_result(), 0x7800_0003);
+    assert_eq!(ctx.driver().usm_stats(), before, "nothing allocated");
+    let err = ctx
+        .create_physical_memory_with_ipc_types(
+            Some(&dev),
+            PhysicalMemoryFlags::AllocateOnDevice,
+            K64,
+            fabric,
+        )
+        .unwrap_err();
+    assert_eq!(err.ze_result(), 0x7800_0003);
+    assert_eq!(
+        IpcHandleTypes::from_raw(4).unwrap_err().ze_result(),
+        0x7800_000c
+    );
+    // DEFAULT chained at creation and asked at get works.
+    let p = ctx
+        .alloc_device_with_ipc_types(&dev, &AllocDesc::new(K64), IpcHandleTypes::DEFAULT)
+        .unwrap();
+    let props = IpcProperties {
+        handle_types: Some(IpcHandleTypes::DEFAULT),
+        ..Default::default()
+    };
+    let h = ctx.get_ipc_handle_with_properties(p, &props).unwrap();
+    ctx.put_ipc_handle(&h).unwrap();
+    ctx.free_memory(p).unwrap();
+    e.destroy(&ctx);
+}
+
+#[test]
+fn open_in_the_exporting_process_gives_a_new_view_of_the_same_bytes() {
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    for e in [make_alloc(&ctx), make_physical(&ctx)] {
+        fill(e.ptr, e.size, 3);
+        let h = ctx.get_ipc_handle(e.ptr).unwrap();
+        let a = ctx.open_ipc_handle(&h, 1).unwrap();
+        let b = ctx.open_ipc_handle(&h, 2).unwrap();
+        assert!(a != b && a != e.ptr && b != e.ptr);
+        assert_eq!(check(a, e.size, 3), None);
+        fill(b, e.size, 4);
+        assert_eq!(check(e.ptr, e.size, 4), None);
+        ctx.close_ipc_handle(a).unwrap();
+        ctx.close_ipc_handle(b).unwrap();
+        ctx.put_ipc_handle(&h).unwrap();
+        e.destroy(&ctx);
+    }
+}
+
+#[test]
+fn get_on_unknown_or_imported_memory_is_invalid_argument() {
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let local = Box::new([0u8; 8]);
+    let err = ctx.get_ipc_handle(local.as_ptr() as usize).unwrap_err();
+    assert_eq!(err.ze_result(), 0x7800_0004);
+    // Reserved but unmapped VA.
+    let r = ctx.reserve(None, 4 * K64).unwrap();
+    assert_eq!(
+        ctx.get_ipc_handle(r.base).unwrap_err().ze_result(),
+        0x7800_0004
+    );
+    ctx.free_reservation(r).unwrap();
+    // Imported system memory has no memfd.
+    let page = hetmem::backend::host::os_page_size();
+    let mut v = vec![0u8; 4 * page];
+    let at = (v.as_mut_ptr() as usize).next_multiple_of(page);
+    let p = ctx.import_system_memory(at, page, false).unwrap();
+    assert_eq!(ctx.get_ipc_handle(p).unwrap_err().ze_result(), 0x7800_0004);
+    ctx.free_memory(p).unwrap();
+}
+
+#[test]
+fn open_flags_over_3_are_invalid_enumeration_and_malformed_bytes_invalid_argument() {
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let e = make_alloc(&ctx);
+    let h = ctx.get_ipc_handle(e.ptr).unwrap();
+    assert_eq!(
+        ctx.open_ipc_handle(&h, 4).unwrap_err().ze_result(),
+        0x7800_000c
+    );
+    let zero = IpcHandle::from_bytes([0; 64]);
+    let err = ctx.open_ipc_handle(&zero, 0).unwrap_err();
+    assert_eq!(err.ze_result(), 0x7800_0004);
+    assert!(err.message().contains("magic"), "{err}");
+    ctx.put_ipc_handle(&h).unwrap();
+    e.destroy(&ctx);
+}
+
+#[test]
+fn put_twice_put_of_a_foreign_handle_and_open_after_put_are_invalid_argument() {
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let other = rt.driver().create_context().unwrap();
+    let e = make_alloc(&ctx);
+    let h = ctx.get_ipc_handle(e.ptr).unwrap();
+    assert_eq!(
+        other.put_ipc_handle(&h).unwrap_err().ze_result(),
+        0x7800_0004
+    );
+    let view = ctx.open_ipc_handle(&h, 0).unwrap();
+    ctx.put_ipc_handle(&h).unwrap();
+    assert_eq!(ctx.put_ipc_handle(&h).unwrap_err().ze_result(), 0x7800_0004);
+    let err = ctx.open_ipc_handle(&h, 0).unwrap_err();
+    assert_eq!(err.ze_result(), 0x7800_0004);
+    assert!(err.message().contains("put"), "{err}");
+    // A view opened before the put stays valid, also after the memory is freed.
+    fill(e.ptr, e.size, 8);
+    e.destroy(&ctx);
+    assert_eq!(check(view, 1 << 20, 8), None);
+    ctx.close_ipc_handle(view).unwrap();
+}
+
+#[test]
+fn close_of_null_or_unknown_pointers_and_other_contexts_views() {
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let other = rt.driver().create_context().unwrap();
+    assert_eq!(
+        ctx.close_ipc_handle(0).unwrap_err().ze_result(),
+        0x7800_0007
+    );
+    let e = make_alloc(&ctx);
+    assert_eq!(
+        ctx.close_ipc_handle(e.ptr).unwrap_err().ze_result(),
+        0x7800_0004
+    );
+    let h = ctx.get_ipc_handle(e.ptr).unwrap();
+    let v = ctx.open_ipc_handle(&h, 0).unwrap();
+    assert_eq!(
+        other.close_ipc_handle(v).unwrap_err().ze_result(),
+        0x7800_0004
+    );
+    assert_eq!(
+        ctx.close_ipc_handle(v + K64).unwrap_err().ze_result(),
+        0x7800_0004
+    );
+    ctx.close_ipc_handle(v).unwrap();
+    assert_eq!(
+        ctx.close_ipc_handle(v).unwrap_err().ze_result(),
+        0x7800_0004
+    );
+    ctx.put_ipc_handle(&h).unwrap();
+    e.destroy(&ctx);
+}
+
+#[test]
+fn eight_threads_export_open_close_and_put_concurrently() {
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let shared = make_alloc(&ctx);
+    fill(shared.ptr, shared.size, 11);
+    let h = ctx.get_ipc_handle(shared.ptr).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let ctx = ctx.clone();
+            s.spawn(move || {
+                let own = make_alloc(&ctx);
+                fill(own.ptr, own.size, 100 + t);
+                for _ in 0..25 {
+                    let mine = ctx.get_ipc_handle(own.ptr).unwrap();
+                    let a = ctx.open_ipc_handle(&mine, 0).unwrap();
+                    let b = ctx.open_ipc_handle(&h, 0).unwrap();
+                    assert_eq!(check(a, own.size, 100 + t), None);
+                    assert_eq!(check(b, shared.size, 11), None);
+                    ctx.close_ipc_handle(a).unwrap();
+                    ctx.close_ipc_handle(b).unwrap();
+                    ctx.put_ipc_handle(&mine).unwrap();
+                }
+                own.destroy(&ctx);
+            });
+        }
+    });
+    ctx.put_ipc_handle(&h).unwrap();
+    shared.destroy(&ctx);
+}
+
+#[test]
+fn properties_of_an_opened_view_report_the_exported_memory_type() {
+    let _g = LIMIT.lock().unwrap();
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let host = ctx.alloc_host(&AllocDesc::new(K64)).unwrap();
+    let (e, _) = make_range(&ctx);
+    let props = range(e.size);
+    let cases = [
+        (ctx.get_ipc_handle(host).unwrap(), hetmem::MemoryType::Host),
+        (
+            ctx.get_ipc_handle_with_properties(e.ptr, &props).unwrap(),
+            hetmem::MemoryType::Device,
+        ),
+    ];
+    for (h, t) in cases {
+        let v = ctx.open_ipc_handle(&h, 0).unwrap();
+        let p = ctx.get_allocation_properties(v + K64 / 2).unwrap();
+        assert_eq!(p.memory_type, t);
+        assert_ne!(p.id, 0);
+        ctx.close_ipc_handle(v).unwrap();
+        assert_eq!(
+            ctx.get_allocation_properties(v).unwrap().memory_type,
+            hetmem::MemoryType::Unknown,
+            "closed"
+        );
+        ctx.put_ipc_handle(&h).unwrap();
+    }
+    ctx.free_memory(host).unwrap();
+    e.destroy(&ctx);
+}
