@@ -330,8 +330,11 @@ impl Drop for ContextInner {
                 p.finish(d.backend.as_ref());
             }
         }
-        d.vm.write().release_context(d.backend.as_ref(), self.id);
-        crate::ipc::release_context(d.backend.as_ref(), self.id);
+        // Waits (no lock held) until no queued work uses the context's reservations or views.
+        let id = self.id;
+        crate::queue::vm_write_unreferenced(d, |vm| vm.reservations_of(id))
+            .release_context(d.backend.as_ref(), self.id);
+        crate::ipc::release_context(d, self.id);
     }
 }
 
@@ -386,14 +389,17 @@ impl Context {
     }
 
     /// Frees a reservation (`zeVirtualMemFree`): unmaps whatever is mapped in it (the physical
-    /// objects survive) and releases the range.
+    /// objects survive) and releases the range. Blocks until no queued or running command
+    /// references the reservation (see "Virtual memory and IPC views in flight" in
+    /// [`crate::queue`]).
     ///
     /// Errors: `InvalidNullPointer` for null; `UnsupportedSize` for 0; `InvalidArgument` unless
     /// `(ptr, size)` is exactly the base and size of a live reservation of this context.
     pub fn free(&self, ptr: usize, size: usize) -> Result<()> {
         let d = self.d();
-        d.vm.write()
-            .free(d.backend.as_ref(), self.inner.id, ptr, size)
+        let mut vm =
+            crate::queue::vm_write_unreferenced(d, |vm| crate::queue::reservation_at(vm, ptr));
+        vm.free(d.backend.as_ref(), self.inner.id, ptr, size)
     }
 
     /// Frees `r` (see [`Context::free`]).
@@ -486,21 +492,24 @@ impl Context {
     }
 
     /// Unmaps `[ptr, ptr+size)` (`zeVirtualMemUnmap`): any base-page-aligned sub-range of
-    /// mapped pages. The pages revert to NONE and stay reserved.
+    /// mapped pages. The pages revert to NONE and stay reserved. Blocks until no queued or
+    /// running command references the reservation (see [`crate::queue`]).
     ///
     /// Errors: `UnsupportedAlignment` / `UnsupportedSize` if `ptr` / `size` is not a multiple of
     /// the base page (`query_page_size(1)`); `InvalidArgument` if the range is outside one
     /// reservation or any page in it is not mapped.
     pub fn unmap(&self, ptr: usize, size: usize) -> Result<()> {
         let d = self.d();
-        d.vm.write()
-            .unmap(d.backend.as_ref(), self.inner.id, ptr, size)
+        let mut vm =
+            crate::queue::vm_write_unreferenced(d, |vm| crate::queue::reservation_at(vm, ptr));
+        vm.unmap(d.backend.as_ref(), self.inner.id, ptr, size)
     }
 
     /// Sets the access attribute of the mapped pages of `[ptr, ptr+size)`
     /// (`zeVirtualMemSetAccessAttribute`). Per page: a sub-range of a mapping can differ from the
     /// rest. READONLY faults on write and NONE on any access. Unmapped pages of the range have no
-    /// memory and stay NONE.
+    /// memory and stay NONE. Blocks, as [`Context::unmap`] does, until no queued or running
+    /// command references the reservation.
     ///
     /// Errors: as [`Context::unmap`] for alignment and range.
     pub fn set_access_attribute(
@@ -510,7 +519,7 @@ impl Context {
         access: AccessAttribute,
     ) -> Result<()> {
         let d = self.d();
-        d.vm.write()
+        crate::queue::vm_write_unreferenced(d, |vm| crate::queue::reservation_at(vm, ptr))
             .set_access(d.backend.as_ref(), self.inner.id, ptr, size, access)
     }
 

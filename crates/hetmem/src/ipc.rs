@@ -60,7 +60,10 @@
 //!   pointer reports it and the view's full size; [`crate::Context::get_allocation_properties`]
 //!   reports the exported memory's type (byte 10), a fresh id and the view's page size.
 //! - Close: null -> `InvalidNullPointer`; not a pointer returned by open in this context ->
-//!   `InvalidArgument`. Put: a handle this process did not export, or already put ->
+//!   `InvalidArgument`. Close (and context teardown) blocks until no queued or running command
+//!   references the view (see [`crate::queue`]).
+//! - A view is a valid copy / fill operand (source and destination: views are mapped
+//!   read-write) for queues of the driver it was opened with, within its size. Put: a handle this process did not export, or already put ->
 //!   `InvalidArgument`.
 
 use std::collections::{BTreeMap, HashMap};
@@ -72,8 +75,9 @@ use parking_lot::Mutex;
 
 use crate::backend::host::ipc as transport;
 use crate::backend::{Backend, Protection, RawPhysical};
-use crate::driver::{Context, Device};
+use crate::driver::{Context, Device, DriverShared};
 use crate::error::{Addr, Error, Result};
+use crate::queue::InFlightRef;
 use crate::usm::{AllocDesc, MemoryType};
 use crate::vmm::{PhysicalMemory, PhysicalMemoryFlags};
 
@@ -344,6 +348,9 @@ struct ExportRec {
 struct ImportRec {
     size: usize,
     context: u64,
+    /// The opening driver (`Arc::as_ptr` of its shared state; unique while the view lives,
+    /// since the context, which keeps the driver alive, closes its views at teardown).
+    driver: usize,
     mem: MemoryType,
     id: u64,
     page_size: usize,
@@ -710,18 +717,53 @@ fn location_type(loc: crate::backend::PhysicalLocation) -> MemoryType {
     }
 }
 
-/// Context teardown: closes the context's open views and puts its exports.
-pub(crate) fn release_context(backend: &dyn Backend, context: u64) {
-    let views: Vec<(usize, usize)> = {
+/// The table of views opened in this process, locked, as seen by the queues of one driver.
+/// Queue operand checks ([`crate::queue`]) hold it while they take their in-flight references,
+/// so no close can slip in between (lock order: usm, vm, this table, the in-flight table).
+pub(crate) struct Views<'a> {
+    table: parking_lot::MutexGuard<'a, BTreeMap<usize, ImportRec>>,
+    driver: usize,
+}
+
+impl Views<'_> {
+    /// `(base, size)` of a view of this driver that contains `ptr`.
+    pub(crate) fn range(&self, ptr: usize) -> Option<(usize, usize)> {
+        let (&b, r) = self.table.range(..=ptr).next_back()?;
+        (ptr < b + r.size && r.driver == self.driver).then_some((b, r.size))
+    }
+}
+
+/// Locks the view table for the queues of driver `d`.
+pub(crate) fn views(d: &DriverShared) -> Views<'static> {
+    Views {
+        table: IMPORTS.lock(),
+        driver: d as *const DriverShared as usize,
+    }
+}
+
+/// Context teardown: closes the context's open views (waiting, with no lock held, for queued
+/// work that still uses one) and puts its exports.
+pub(crate) fn release_context(d: &DriverShared, context: u64) {
+    let backend = d.backend.as_ref();
+    let views: Vec<(usize, usize)> = loop {
         let mut im = IMPORTS.lock();
         let keys: Vec<usize> = im
             .iter()
             .filter(|(_, r)| r.context == context)
             .map(|(&b, _)| b)
             .collect();
-        keys.into_iter()
+        if let Some(&b) = keys
+            .iter()
+            .find(|&&b| d.inflight.is_referenced_ref(InFlightRef::View(b)))
+        {
+            drop(im);
+            d.inflight.wait_unreferenced_ref(InFlightRef::View(b));
+            continue;
+        }
+        break keys
+            .into_iter()
             .map(|b| (b, im.remove(&b).expect("listed").size))
-            .collect()
+            .collect();
     };
     for (b, s) in views {
         // SAFETY: a view we mapped; the context is gone, so nobody uses it.
@@ -993,6 +1035,7 @@ impl Context {
             ImportRec {
                 size,
                 context: self.id(),
+                driver: Arc::as_ptr(d) as usize,
                 mem: h.mem,
                 id: crate::capacity::fresh_id(),
                 page_size: align,
@@ -1002,7 +1045,8 @@ impl Context {
     }
 
     /// `zeMemCloseIpcHandle`: unmaps the view that [`Context::open_ipc_handle`] returned at
-    /// `ptr`. No fd stays open for a view, so nothing else is released.
+    /// `ptr`. No fd stays open for a view, so nothing else is released. Blocks until no queued
+    /// or running copy or fill references the view (waiting with no lock held).
     ///
     /// Errors: `InvalidNullPointer` for null; `InvalidArgument` for a pointer that is not an
     /// open view of this context.
@@ -1010,17 +1054,26 @@ impl Context {
         if ptr == 0 {
             return Err(Error::InvalidNullPointer("pointer to close is null".into()));
         }
-        let mut im = IMPORTS.lock();
-        let rec = match im.get(&ptr) {
-            Some(r) if r.context == self.id() => *r,
-            _ => {
-                return Err(Error::InvalidArgument(format!(
-                    "{} is not a pointer returned by open_ipc_handle in this context",
-                    Addr(ptr)
-                )))
-            }
-        };
         let drv = self.driver();
+        let inflight = &drv.shared.inflight;
+        let mut im = loop {
+            let im = IMPORTS.lock();
+            match im.get(&ptr) {
+                Some(r) if r.context == self.id() => {}
+                _ => {
+                    return Err(Error::InvalidArgument(format!(
+                        "{} is not a pointer returned by open_ipc_handle in this context",
+                        Addr(ptr)
+                    )))
+                }
+            }
+            if !inflight.is_referenced_ref(InFlightRef::View(ptr)) {
+                break im;
+            }
+            drop(im);
+            inflight.wait_unreferenced_ref(InFlightRef::View(ptr));
+        };
+        let rec = *im.get(&ptr).expect("checked under this lock");
         // SAFETY: the whole view we mapped at open.
         unsafe {
             drv.shared

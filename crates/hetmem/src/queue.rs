@@ -17,7 +17,8 @@
 //!
 //! # Rules (decided here, once)
 //! - **Memory operands** must lie wholly inside memory the driver knows: a USM allocation or
-//!   import (up to the size asked at allocation), or mapped pages of one virtual-memory
+//!   import (up to the size asked at allocation), an IPC view opened with a context of this
+//!   driver (up to its size; read and write), or mapped pages of one virtual-memory
 //!   reservation whose access allows the operation (source readable: READONLY or READWRITE;
 //!   destination writable: READWRITE). An import recorded read-only cannot be a destination.
 //!   Otherwise the append fails with `InvalidArgument` (null: `InvalidNullPointer`) and
@@ -44,8 +45,23 @@
 //! - **Context teardown** (dropping the last [`Context`] handle) releases its USM memory the
 //!   DEFER way: memory that queued work of another context's queues still references goes
 //!   when that work finishes (its device capacity with it), the rest at once.
-//! - Memory of a virtual-memory mapping must stay mapped until the work that uses it has
-//!   finished (as in Level Zero); it is not reference-counted.
+//! - **Virtual memory and IPC views in flight**: a submitted batch also holds a reference on
+//!   each virtual-memory reservation (by base address) and each opened IPC view (by base) that
+//!   its operands touch, until it has finished. `zeVirtualMemUnmap`, `zeVirtualMemFree`,
+//!   `zeVirtualMemSetAccessAttribute`, `zeMemCloseIpcHandle` and context teardown **block**
+//!   until no queued or running work references the reservation / view they change (Level
+//!   Zero leaves this undefined; waiting, as `zeMemFreeExt` BLOCKING does, is the safe choice:
+//!   the engine never touches a page that was unmapped or made inaccessible under it). The
+//!   granularity is the whole reservation: a call on one mapping of a reservation also waits
+//!   for work on another mapping of the same reservation; calls on other reservations, and
+//!   `zeVirtualMemMap` (which cannot touch mapped pages), never wait. Such a call waits without
+//!   holding any lock (it re-checks under the driver's write lock and waits again if new work
+//!   came in), so it cannot block the engines or unrelated calls; it waits forever if the work
+//!   waits on an event that is never signalled, as a BLOCKING free does. Calling one of these
+//!   from an engine's host function, on memory that a later batch of the same engine uses,
+//!   would wait for itself: don't.
+//! - **Lock order**: `usm` -> `vm` -> the IPC view table -> the in-flight table. The completion
+//!   path of a batch takes only the in-flight table (then frees USM memory with no lock held).
 //!
 //! Every type here is `Send + Sync`. Dropping a [`CommandQueue`] or an immediate
 //! [`CommandList`] lets its submitted work finish (a wait on an event that is never signalled
@@ -213,40 +229,55 @@ impl Fence {
     }
 }
 
-/// Driver-wide counts of in-flight references to USM allocations (by allocation id): how many
-/// submitted batches that reference each allocation have not finished; and the frees waiting
-/// for those counts to reach zero (`zeMemFreeExt`).
+/// What a submitted batch holds a reference on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum InFlightRef {
+    /// A USM allocation or import, by id.
+    Usm(u64),
+    /// A virtual-memory reservation, by base address.
+    Reservation(usize),
+    /// An opened IPC view ([`crate::ipc`]), by base address.
+    View(usize),
+}
+
+/// Driver-wide counts of in-flight references (USM allocations by id, reservations and IPC
+/// views by base): how many submitted batches that reference each have not finished; and the
+/// USM frees waiting for those counts to reach zero (`zeMemFreeExt`).
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
     state: Mutex<InFlightState>,
     cv: Condvar,
+    /// Threads blocked in [`InFlight::wait_unreferenced_ref`] right now (diagnostics, tests).
+    waiters: AtomicU64,
 }
 
 #[derive(Debug, Default)]
 struct InFlightState {
-    counts: HashMap<u64, usize>,
+    counts: HashMap<InFlightRef, usize>,
     pending: HashMap<u64, PendingFree>,
 }
 
 impl InFlight {
-    fn acquire(&self, ids: &[u64]) {
+    fn acquire(&self, refs: &[InFlightRef]) {
         let mut st = self.state.lock();
-        for &id in ids {
-            *st.counts.entry(id).or_insert(0) += 1;
+        for &r in refs {
+            *st.counts.entry(r).or_insert(0) += 1;
         }
     }
 
-    /// Drops one reference to each of `ids`; returns the pending frees whose last reference
+    /// Drops one reference to each of `refs`; returns the pending frees whose last reference
     /// this was (the caller releases them, outside the lock).
-    fn release(&self, ids: &[u64]) -> Vec<PendingFree> {
+    fn release(&self, refs: &[InFlightRef]) -> Vec<PendingFree> {
         let mut st = self.state.lock();
         let mut ready = Vec::new();
-        for id in ids {
-            if let Some(n) = st.counts.get_mut(id) {
+        for r in refs {
+            if let Some(n) = st.counts.get_mut(r) {
                 *n -= 1;
                 if *n == 0 {
-                    st.counts.remove(id);
-                    ready.extend(st.pending.remove(id));
+                    st.counts.remove(r);
+                    if let InFlightRef::Usm(id) = r {
+                        ready.extend(st.pending.remove(id));
+                    }
                 }
             }
         }
@@ -258,14 +289,32 @@ impl InFlight {
     /// Whether queued or running work references allocation `id`.
     #[allow(dead_code)] // for callers that only ask (tests, diagnostics)
     pub(crate) fn is_referenced(&self, id: u64) -> bool {
-        self.state.lock().counts.contains_key(&id)
+        self.is_referenced_ref(InFlightRef::Usm(id))
+    }
+
+    /// Whether queued or running work references `r`.
+    pub(crate) fn is_referenced_ref(&self, r: InFlightRef) -> bool {
+        self.state.lock().counts.contains_key(&r)
     }
 
     /// Waits until no queued or running work references allocation `id`.
     pub(crate) fn wait_unreferenced(&self, id: u64) {
+        self.wait_unreferenced_ref(InFlightRef::Usm(id))
+    }
+
+    /// Waits until no queued or running work references `r`. The caller must hold no lock of
+    /// the driver (see the lock order in the module docs).
+    pub(crate) fn wait_unreferenced_ref(&self, r: InFlightRef) {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
         wait_until(&self.state, &self.cv, u64::MAX, |st| {
-            !st.counts.contains_key(&id)
+            !st.counts.contains_key(&r)
         });
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Number of threads blocked waiting for in-flight work to let go of a reservation or view.
+    pub(crate) fn waiters(&self) -> u64 {
+        self.waiters.load(Ordering::SeqCst)
     }
 
     /// If work references `p`'s allocation, keeps `p` to be released when that work finishes
@@ -273,7 +322,7 @@ impl InFlight {
     /// [`InFlight::release`], so a free is never lost between the check and the keep.
     pub(crate) fn defer_or_return(&self, p: PendingFree) -> Option<PendingFree> {
         let mut st = self.state.lock();
-        if st.counts.contains_key(&p.id()) {
+        if st.counts.contains_key(&InFlightRef::Usm(p.id())) {
             st.pending.insert(p.id(), p);
             None
         } else {
@@ -295,9 +344,14 @@ struct Operand {
     write: bool,
 }
 
-/// Checks one operand against live memory (see the module docs); returns the USM allocation id
-/// it references, if any.
-fn check_operand(usm: &UsmState, vm: &VmState, op: Operand) -> Result<Option<u64>> {
+/// Checks one operand against live memory (see the module docs); returns what it references
+/// (the USM allocation, the reservation or the IPC view).
+fn check_operand(
+    usm: &UsmState,
+    vm: &VmState,
+    views: &crate::ipc::Views<'_>,
+    op: Operand,
+) -> Result<InFlightRef> {
     let what = if op.write { "destination" } else { "source" };
     if op.ptr == 0 {
         return Err(Error::InvalidNullPointer(format!("{what} pointer is null")));
@@ -325,29 +379,49 @@ fn check_operand(usm: &UsmState, vm: &VmState, op: Operand) -> Result<Option<u64
                 Addr(op.ptr)
             )));
         }
-        return Ok(Some(p.id));
+        return Ok(InFlightRef::Usm(p.id));
+    }
+    if let Some((base, size)) = views.range(op.ptr) {
+        // Views are mapped read-write for their whole size (see `crate::ipc`).
+        if end > base + size {
+            return Err(Error::InvalidArgument(format!(
+                "{what} [{}, {}) runs past the end {} of the IPC view at {}",
+                Addr(op.ptr),
+                Addr(end),
+                Addr(base + size),
+                Addr(base)
+            )));
+        }
+        return Ok(InFlightRef::View(base));
     }
     match vm.check_device_access(op.ptr, end, op.write) {
-        Some(Ok(())) => Ok(None),
+        Some(Ok(())) => match vm.pointer_info(op.ptr) {
+            Some(info) => Ok(InFlightRef::Reservation(info.reservation.0)),
+            None => Err(Error::InvalidArgument(format!(
+                "{what} {} is not inside a reservation",
+                Addr(op.ptr)
+            ))),
+        },
         Some(Err(why)) => Err(Error::InvalidArgument(format!("{what}: {why}"))),
         None => Err(Error::InvalidArgument(format!(
-            "{what} {} is not inside a USM allocation, an import or a virtual-memory reservation",
+            "{what} {} is not inside a USM allocation, an import, an opened IPC view or a \
+             virtual-memory reservation",
             Addr(op.ptr)
         ))),
     }
 }
 
-/// Checks every operand under the driver's read locks (usm before vm); if `hold`, records the
-/// in-flight references before the locks are dropped, so no free can slip in between.
-fn check_all(d: &DriverShared, cmds: &[Cmd], hold: bool) -> Result<Vec<u64>> {
+/// Checks every operand under the driver's read locks and the IPC view table (usm, vm, views:
+/// the lock order); if `hold`, records the in-flight references before the locks are dropped,
+/// so no free, unmap or close can slip in between.
+fn check_all(d: &DriverShared, cmds: &[Cmd], hold: bool) -> Result<Vec<InFlightRef>> {
     let usm = d.usm.read();
     let vm = d.vm.read();
+    let views = crate::ipc::views(d);
     let mut ids = Vec::new();
     for c in cmds {
         for op in c.operands() {
-            if let Some(id) = check_operand(&usm, &vm, op)? {
-                ids.push(id);
-            }
+            ids.push(check_operand(&usm, &vm, &views, op)?);
         }
     }
     ids.sort_unstable();
@@ -663,8 +737,8 @@ impl CommandList {
     }
 
     /// Appends a copy of `size` bytes from `src` to `dst` (`zeCommandListAppendMemoryCopy`),
-    /// between any two kinds of memory (host, device, shared, imported, virtual-memory
-    /// mappings). It starts after the events in `wait` are signalled and signals `signal` when
+    /// between any two kinds of memory (host, device, shared, imported, opened IPC views,
+    /// virtual-memory mappings). It starts after the events in `wait` are signalled and signals `signal` when
     /// done. Overlapping ranges behave as `memmove`. CUDA: `cuMemcpyAsync`.
     ///
     /// Errors (nothing appended): `InvalidNullPointer` for a null pointer; `InvalidArgument` if
@@ -915,6 +989,46 @@ impl Driver {
     pub fn pending_frees(&self) -> usize {
         self.shared.inflight.pending_frees()
     }
+
+    /// Threads blocked right now in a call (unmap, reservation free, access change, IPC close,
+    /// context teardown) that waits for queued or running work to let go of the memory it
+    /// changes; for tests and diagnostics.
+    pub fn in_flight_waiters(&self) -> u64 {
+        self.shared.inflight.waiters()
+    }
+}
+
+/// Takes the driver's `vm` write lock once no queued or running work references any of the
+/// reservations `bases` lists (computed under the lock). While one is referenced, drops the
+/// lock, waits for it (no lock held, so engines and unrelated calls go on) and tries again.
+/// Under the write lock no submission can take a new reference (they check under the read
+/// lock), so the returned guard may change those reservations safely.
+pub(crate) fn vm_write_unreferenced(
+    d: &DriverShared,
+    bases: impl Fn(&VmState) -> Vec<usize>,
+) -> parking_lot::RwLockWriteGuard<'_, VmState> {
+    loop {
+        let vm = d.vm.write();
+        let busy = bases(&vm)
+            .into_iter()
+            .map(InFlightRef::Reservation)
+            .find(|&r| d.inflight.is_referenced_ref(r));
+        match busy {
+            None => return vm,
+            Some(r) => {
+                drop(vm);
+                d.inflight.wait_unreferenced_ref(r);
+            }
+        }
+    }
+}
+
+/// The base of the reservation containing `ptr`, if any (for [`vm_write_unreferenced`]).
+pub(crate) fn reservation_at(vm: &VmState, ptr: usize) -> Vec<usize> {
+    vm.pointer_info(ptr)
+        .map(|i| i.reservation.0)
+        .into_iter()
+        .collect()
 }
 
 impl Context {

@@ -21,6 +21,16 @@
 //! Null pointers give `InvalidNullPointer`; size 0 gives `UnsupportedSize`; an access value over
 //! READONLY gives `InvalidEnumeration`; ranges outside this context's reservations give
 //! `InvalidArgument`. A failed call changes nothing.
+//!
+//! # Queued device work
+//! Queued copies and fills may use mapped pages ([`crate::queue`]); each submitted batch holds a
+//! reference on the reservation (by base) of every such operand until it has finished. Unmap,
+//! free and set-access on a reservation, and context teardown, **block** until no queued or
+//! running command references the reservation (Level Zero leaves this undefined; waiting, like
+//! `zeMemFreeExt` BLOCKING, means the engine never touches a page unmapped or protected under
+//! it). The wait holds no lock, so other calls and the engines go on; calls on other
+//! reservations and map never wait. `zePhysicalMemDestroy` of an object in use is already
+//! refused: it is mapped, so `HandleObjectInUse`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -690,6 +700,15 @@ impl VmState {
             return Ok((access, at - ptr));
         }
         Ok((access, size))
+    }
+
+    /// Bases of the reservations of `context` (teardown waits for in-flight work on them).
+    pub(crate) fn reservations_of(&self, context: u64) -> Vec<usize> {
+        self.reservations
+            .iter()
+            .filter(|(_, r)| r.context == context)
+            .map(|(&b, _)| b)
+            .collect()
     }
 
     /// Everything of `context` goes: mappings, reservations, physical objects.
