@@ -249,6 +249,10 @@ pub(crate) struct InFlight {
     cv: Condvar,
     /// Threads blocked in [`InFlight::wait_unreferenced_ref`] right now (diagnostics, tests).
     waiters: AtomicU64,
+    /// Distinct reservations referenced by in-flight work. Changed only under `state`; read
+    /// without it by [`vm_write_unreferenced`]'s fast path, under the vm write lock (which no
+    /// submission holds, so the count cannot grow then).
+    reservations: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -261,7 +265,11 @@ impl InFlight {
     fn acquire(&self, refs: &[InFlightRef]) {
         let mut st = self.state.lock();
         for &r in refs {
-            *st.counts.entry(r).or_insert(0) += 1;
+            let n = st.counts.entry(r).or_insert(0);
+            if *n == 0 && matches!(r, InFlightRef::Reservation(_)) {
+                self.reservations.fetch_add(1, Ordering::Release);
+            }
+            *n += 1;
         }
     }
 
@@ -275,6 +283,9 @@ impl InFlight {
                 *n -= 1;
                 if *n == 0 {
                     st.counts.remove(r);
+                    if matches!(r, InFlightRef::Reservation(_)) {
+                        self.reservations.fetch_sub(1, Ordering::Release);
+                    }
                     if let InFlightRef::Usm(id) = r {
                         ready.extend(st.pending.remove(id));
                     }
@@ -1009,6 +1020,10 @@ pub(crate) fn vm_write_unreferenced(
 ) -> parking_lot::RwLockWriteGuard<'_, VmState> {
     loop {
         let vm = d.vm.write();
+        // Fast path: no in-flight work references any reservation.
+        if d.inflight.reservations.load(Ordering::Acquire) == 0 {
+            return vm;
+        }
         let busy = bases(&vm)
             .into_iter()
             .map(InFlightRef::Reservation)
