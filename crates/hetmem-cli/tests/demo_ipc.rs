@@ -22,6 +22,12 @@ fn ipc_scene_shares_weights_between_two_processes_with_one_range_handle() {
     assert!(out.contains("server: range handle:"), "{out}");
     assert!(out.contains("server: 72 tensor handles:"), "{out}");
     assert!(out.contains("all 72 checksums match"), "{out}");
+    // The open-only speedup is labelled, and the end-to-end figure is printed next to it.
+    assert!(out.contains("open alone"), "{out}");
+    assert!(
+        out.contains("end to end (open + checksum every byte"),
+        "{out}"
+    );
     // The server learnt the size from the handle alone.
     assert!(out.contains("size 0x12180000), no size sent"), "{out}");
     let trainer = out.lines().find(|l| l.starts_with("trainer (pid")).unwrap();

@@ -595,19 +595,36 @@ impl Context {
     ///
     /// Errors: `UnsupportedSize` for size 0; `InvalidArgument` if `ptr` or `size` is not a
     /// multiple of the host (OS) page, the range is not wholly mapped readable memory, it is
-    /// read-only and `read_only` is not set, or it overlaps a live import, allocation or
-    /// virtual-memory reservation.
+    /// read-only and `read_only` is not set, or it overlaps a live import, allocation,
+    /// virtual-memory reservation, IPC view opened in this process ([`Context::open_ipc_handle`])
+    /// or managed allocation of this driver.
     pub fn import_system_memory(&self, ptr: usize, size: usize, read_only: bool) -> Result<usize> {
         let d = self.d();
+        // The managed lock is never held with usm or vm: ask first.
+        let managed = ptr
+            .checked_add(size)
+            .and_then(|end| d.managed.overlapping(ptr, end));
         let mut usm = d.usm.write();
-        // Lock order: usm, then vm.
+        // Lock order: usm, then vm, then the IPC view table.
         usm.import(
             d.backend.as_ref(),
             self.inner.id,
             ptr,
             size,
             read_only,
-            |s, e| d.vm.read().reservation_overlaps(s, e),
+            |s, e| {
+                let range = |(a, b): (usize, usize)| {
+                    format!("[{}, {})", crate::error::Addr(a), crate::error::Addr(b))
+                };
+                if let Some(m) = managed {
+                    Some(format!("the managed allocation {}", range(m)))
+                } else if d.vm.read().reservation_overlaps(s, e) {
+                    Some("a virtual-memory reservation".into())
+                } else {
+                    crate::ipc::view_overlapping(s, e)
+                        .map(|v| format!("the opened IPC view {}", range(v)))
+                }
+            },
         )
     }
 

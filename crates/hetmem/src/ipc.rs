@@ -12,25 +12,36 @@
 //! |---|---|
 //! | 0..4 | an fd valid in the exporting process (`i32`, little endian): the allocation's or physical object's memfd; for a range, the first object's |
 //! | 4..8 | magic `"HMIP"` |
-//! | 8 | version (1) |
+//! | 8 | version (2) |
 //! | 9 | kind: 1 allocation, 2 physical object, 3 range |
 //! | 10 | memory type of the exported memory (`ze_memory_type_t`: 1 host, 2 device, 3 shared) |
 //! | 11 | 0 |
-//! | 12..16 | exporter pid |
-//! | 16..24 | export id (per exporter, never reused) |
+//! | 12..16 | exporter pid (`u32`) |
+//! | 16..20 | exporter's broker nonce (`u32`, random, non-zero): the broker's socket is named `hetmem-ipc-broker.<pid>.<nonce as 8 hex digits>` |
+//! | 20..24 | export id (`u32`, per exporter, non-zero; after 2^32 - 1 exports ids wrap, skipping live ones; a reused id never opens an old handle since the token differs) |
 //! | 24..40 | secret random token (`getrandom(2)`) |
-//! | 40..48 | size in bytes of the importer's view |
-//! | 48..56 | inode of the fd in bytes 0..4 (lets an importer recognise that fd) |
-//! | 56..60 | number of (object, offset, length) pieces (1 unless a range) |
-//! | 60..64 | FNV-1a checksum of bytes 4..60 |
+//! | 40..48 | size in bytes of the importer's view (`u64`) |
+//! | 48..56 | allocation / physical object: `st_ino` of the memfd in bytes 0..4; range: number of (object, offset, length) pieces (`u32`) then 4 zero bytes |
+//! | 56..60 | allocation / physical object: `st_dev` of that memfd (`u32`: Linux's `dev_t` is 32 bits: 12 major, 20 minor); range: 0 |
+//! | 60..64 | FNV-1a checksum of bytes 4..60 (catches corruption; the token, not the checksum, stops forgery) |
+//!
+//! All integers little endian.
 //!
 //! # Transports
 //! - **fd**: a program may send the fd of bytes 0..4 over a Unix socket (`SCM_RIGHTS`) and write
 //!   the received number over bytes 0..4. Opening an allocation or physical-object handle then
-//!   uses that fd directly (it is recognised by its inode; the exporter is not contacted).
+//!   uses that fd directly (it is recognised by its device and inode numbers; the exporter is
+//!   not contacted).
 //! - **bytes only** (a file, a pipe, shared memory): the importer connects to the exporter's
-//!   broker ([`crate::backend::host::ipc`]), presenting the handle; the broker checks the peer's
-//!   uid and the token and answers with the fds (and, for a range, the piece list).
+//!   broker ([`crate::backend::host::ipc`]), presenting the handle, but only after checking that
+//!   the socket's owner (`SO_PEERCRED`) is the exporter's pid of the handle running as our uid
+//!   (a process squatting the name of a vanished exporter never sees the token); the broker
+//!   checks the peer's uid and the token and answers with the fds (and, for a range, the piece
+//!   list).
+//! - Every fd an open receives (from the broker or through `SCM_RIGHTS`) must be a memfd
+//!   sealed against grow and shrink (`F_GET_SEALS` has `F_SEAL_GROW | F_SEAL_SHRINK`) and at
+//!   least as large as what the handle maps from it, else `InvalidArgument` and nothing is
+//!   mapped: nobody can later shrink the memory under a view.
 //!   A range's piece list does not fit in 64 bytes, so range handles always go through the
 //!   broker (with either transport); the exporter must be alive to open them.
 //! - In the exporting process itself, open looks the export up directly.
@@ -50,9 +61,13 @@
 //!   cannot provide that handle type for that memory).
 //! - Range (`range_size` set): null -> `InvalidNullPointer`; size 0 -> `InvalidSize`;
 //!   `ptr` / size not multiples of the OS page -> `UnsupportedAlignment` / `UnsupportedSize`
-//!   (the spec is silent; mappings are page-granular); any USM allocation or import overlapping
-//!   the range -> `InvalidArgument`; any unmapped byte -> `AddressNotFound`; more than
-//!   [`max_range_pieces`] pieces -> `UnsupportedSize` naming the limit. The list is a snapshot.
+//!   (the spec is silent; mappings are page-granular); then, over the whole range:
+//!   any byte in memory that is not reserved VA (a USM allocation or import of this driver, a
+//!   managed allocation of this driver, an IPC view opened in this process) -> `InvalidArgument`
+//!   naming it; otherwise any byte not mapped to a physical object (an unmapped page of a
+//!   reservation, or an address hetmem does not know at all) -> `AddressNotFound` naming the
+//!   first such byte; more than [`max_range_pieces`] pieces -> `UnsupportedSize` naming the
+//!   limit. The list is a snapshot.
 //! - Open: flags over 0x3 -> `InvalidEnumeration`; a malformed, forged, stale or put handle, a
 //!   wrong token, or a vanished exporter -> `InvalidArgument` with a message saying which.
 //!   Every open maps a fresh view (distinct pointers); the fds it received are closed once
@@ -68,7 +83,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -84,7 +99,7 @@ use crate::vmm::{PhysicalMemory, PhysicalMemoryFlags};
 /// `ZE_MAX_IPC_HANDLE_SIZE`.
 pub const IPC_HANDLE_SIZE: usize = 64;
 const MAGIC: &[u8; 4] = b"HMIP";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 /// The default limit on pieces in a range handle (see [`max_range_pieces`]).
 pub const DEFAULT_MAX_RANGE_PIECES: usize = 1 << 20;
 static MAX_RANGE_PIECES: AtomicUsize = AtomicUsize::new(DEFAULT_MAX_RANGE_PIECES);
@@ -240,6 +255,12 @@ impl IpcHandle {
     pub fn exporter_pid(&self) -> Option<u32> {
         decode(self).ok().map(|h| h.pid)
     }
+    /// The exporter's broker nonce (bytes 16..20; the broker's socket is
+    /// [`crate::backend::host::ipc::broker_name`]`(pid, nonce)`), or `None` for bytes that are
+    /// not a valid handle.
+    pub fn broker_nonce(&self) -> Option<u32> {
+        decode(self).ok().map(|h| h.nonce)
+    }
     /// Size in bytes of the view an open maps, or `None` for bytes that are not a valid handle.
     pub fn size(&self) -> Option<usize> {
         decode(self).ok().map(|h| h.size as usize)
@@ -251,10 +272,15 @@ struct Decoded {
     kind: IpcHandleKind,
     mem: MemoryType,
     pid: u32,
-    id: u64,
+    nonce: u32,
+    id: u32,
     token: [u8; 16],
     size: u64,
+    /// Allocation / physical object: the memfd's `st_ino` (0 for a range).
     ino: u64,
+    /// Allocation / physical object: the memfd's `st_dev` (0 for a range).
+    dev: u32,
+    /// Pieces (1 unless a range).
     pieces: u32,
 }
 
@@ -275,11 +301,16 @@ fn encode(fd: i32, h: &Decoded) -> IpcHandle {
     d[9] = h.kind as u8;
     d[10] = h.mem as u8;
     d[12..16].copy_from_slice(&h.pid.to_le_bytes());
-    d[16..24].copy_from_slice(&h.id.to_le_bytes());
+    d[16..20].copy_from_slice(&h.nonce.to_le_bytes());
+    d[20..24].copy_from_slice(&h.id.to_le_bytes());
     d[24..40].copy_from_slice(&h.token);
     d[40..48].copy_from_slice(&h.size.to_le_bytes());
-    d[48..56].copy_from_slice(&h.ino.to_le_bytes());
-    d[56..60].copy_from_slice(&h.pieces.to_le_bytes());
+    if h.kind == IpcHandleKind::Range {
+        d[48..52].copy_from_slice(&h.pieces.to_le_bytes());
+    } else {
+        d[48..56].copy_from_slice(&h.ino.to_le_bytes());
+        d[56..60].copy_from_slice(&h.dev.to_le_bytes());
+    }
     let c = fnv1a(&d[4..60]);
     d[60..64].copy_from_slice(&c.to_le_bytes());
     IpcHandle { data: d }
@@ -309,20 +340,24 @@ fn decode(h: &IpcHandle) -> Result<Decoded> {
         k => return bad(&format!("kind {k} is not 1, 2 or 3")),
     };
     let u64at = |i: usize| u64::from_le_bytes(d[i..i + 8].try_into().expect("8"));
+    let u32at = |i: usize| u32::from_le_bytes(d[i..i + 4].try_into().expect("4"));
     let mem = match d[10] {
         1 => MemoryType::Host,
         2 => MemoryType::Device,
         _ => MemoryType::Shared,
     };
+    let range = kind == IpcHandleKind::Range;
     Ok(Decoded {
         kind,
         mem,
-        pid: u32::from_le_bytes(d[12..16].try_into().expect("4")),
-        id: u64at(16),
+        pid: u32at(12),
+        nonce: u32at(16),
+        id: u32at(20),
         token: d[24..40].try_into().expect("16"),
         size: u64at(40),
-        ino: u64at(48),
-        pieces: u32::from_le_bytes(d[56..60].try_into().expect("4")),
+        ino: if range { 0 } else { u64at(48) },
+        dev: if range { 0 } else { u32at(56) },
+        pieces: if range { u32at(48) } else { 1 },
     })
 }
 
@@ -357,8 +392,9 @@ struct ImportRec {
 }
 
 /// Exports of this process (export id -> record); read by the broker thread.
-static EXPORTS: Mutex<BTreeMap<u64, ExportRec>> = Mutex::new(BTreeMap::new());
-static NEXT_EXPORT: AtomicU64 = AtomicU64::new(1);
+static EXPORTS: Mutex<BTreeMap<u32, ExportRec>> = Mutex::new(BTreeMap::new());
+/// The next export id to try (ids are `u32`, non-zero, wrapping; see the module docs).
+static NEXT_EXPORT: AtomicU32 = AtomicU32::new(1);
 /// Views opened in this process (base -> record).
 static IMPORTS: Mutex<BTreeMap<usize, ImportRec>> = Mutex::new(BTreeMap::new());
 /// Handle types chained at creation, by allocation / physical-object id.
@@ -446,13 +482,58 @@ fn token_eq(a: &[u8; 16], b: &[u8; 16]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn start_broker() -> Result<()> {
+/// Starts (or finds) this process's broker; returns its nonce. A failure is not remembered.
+fn start_broker() -> Result<u32> {
     transport::start_broker(|| Arc::new(serve_request)).map_err(|e| {
         Error::Unknown(format!(
-            "could not start the IPC broker socket {:?}: {e}",
-            transport::broker_name(own_pid())
+            "could not start the IPC broker socket \"hetmem-ipc-broker.{}.<random>\" ({e}{}); \
+             the next export tries again",
+            own_pid(),
+            if e == rustix::io::Errno::ADDRINUSE {
+                ": every name tried was already bound by another socket"
+            } else {
+                ""
+            }
         ))
     })
+}
+
+/// Checks an fd an open received (from a broker or through `SCM_RIGHTS`) before anything is
+/// mapped from it: a memfd sealed against grow and shrink, of at least `need` bytes.
+/// Errors: `InvalidArgument` saying what is wrong.
+fn check_received_fd(fd: BorrowedFd<'_>, need: u64) -> Result<()> {
+    use rustix::fs::SealFlags;
+    let seals = transport::fd_seals(fd).map_err(|e| {
+        Error::InvalidArgument(format!(
+            "a received fd is not a sealable memfd (F_GET_SEALS: {e}); refusing to map it"
+        ))
+    })?;
+    if !seals.contains(SealFlags::GROW | SealFlags::SHRINK) {
+        return Err(Error::InvalidArgument(format!(
+            "a received memfd is not sealed against grow and shrink (seals {:#x}); refusing to \
+             map it",
+            seals.bits()
+        )));
+    }
+    let (_, _, size) = transport::fd_identity(fd).ok_or_else(|| {
+        Error::InvalidArgument("a received fd cannot be inspected (fstat failed)".into())
+    })?;
+    if size < need {
+        return Err(Error::InvalidArgument(format!(
+            "a received memfd holds {size:#x} bytes, the handle maps {need:#x}"
+        )));
+    }
+    Ok(())
+}
+
+/// A fresh export id: non-zero, not live (wraps after 2^32 - 1).
+fn fresh_export_id(live: &BTreeMap<u32, ExportRec>) -> u32 {
+    loop {
+        let id = NEXT_EXPORT.fetch_add(1, Ordering::Relaxed);
+        if id != 0 && !live.contains_key(&id) {
+            return id;
+        }
+    }
 }
 
 /// Registers an export and makes its handle.
@@ -464,24 +545,32 @@ fn register(
     fds: Vec<OwnedFd>,
     pieces: Vec<Piece>,
 ) -> Result<IpcHandle> {
-    start_broker()?;
+    let nonce = start_broker()?;
     let token = transport::random_token()
         .map_err(|e| Error::Unknown(format!("getrandom for an IPC token failed: {e}")))?;
     let first = fds.first().expect("an export has an fd");
-    let (_, ino, _) = transport::fd_identity(first.as_fd()).unwrap_or_default();
+    let (dev, ino, _) = transport::fd_identity(first.as_fd()).unwrap_or_default();
+    let dev = u32::try_from(dev).map_err(|_| {
+        Error::Unknown(format!(
+            "st_dev {dev:#x} of an exported memfd does not fit 32 bits"
+        ))
+    })?;
     let fd = std::os::fd::AsRawFd::as_raw_fd(first);
-    let id = NEXT_EXPORT.fetch_add(1, Ordering::Relaxed);
+    let mut ex = EXPORTS.lock();
+    let id = fresh_export_id(&ex);
     let h = Decoded {
         kind,
         mem,
         pid: own_pid(),
+        nonce,
         id,
         token,
         size: size as u64,
         ino,
+        dev,
         pieces: pieces.len() as u32,
     };
-    EXPORTS.lock().insert(
+    ex.insert(
         id,
         ExportRec {
             token,
@@ -543,10 +632,12 @@ fn material(h: &Decoded, handle: &IpcHandle) -> Result<Material> {
     // The fd transport: bytes 0..4 hold an fd of ours that is the exported memfd itself.
     let fd = handle.fd();
     if h.kind != IpcHandleKind::Range && fd >= 0 {
-        // SAFETY: only inspected (fstat) and duplicated; an fd number that is not open fails.
+        // SAFETY: only inspected (fstat, F_GET_SEALS) and duplicated; an fd number that is not
+        // open fails.
         let b = unsafe { BorrowedFd::borrow_raw(fd) };
-        if let Some((_, ino, size)) = transport::fd_identity(b) {
-            if ino == h.ino && size >= h.size {
+        if let Some((dev, ino, _)) = transport::fd_identity(b) {
+            if ino == h.ino && dev == h.dev as u64 {
+                check_received_fd(b, h.size)?;
                 let d = dup_all(std::slice::from_ref(&transport::dup_fd(b).map_err(
                     |e| {
                         Error::OutOfHostMemory(format!(
@@ -568,18 +659,32 @@ fn material(h: &Decoded, handle: &IpcHandle) -> Result<Material> {
     }
     // The bytes-only transport: ask the exporter's broker.
     let max_pieces = max_range_pieces();
-    let reply = transport::broker_request(h.pid, &handle.data, 16 + 24 * max_pieces, max_pieces)
-        .map_err(|e| {
-            if e == rustix::io::Errno::CONNREFUSED || e == rustix::io::Errno::NOENT {
-                Error::InvalidArgument(format!(
-                    "the exporting process {} is gone (no IPC broker answers): the handle \
+    let reply = transport::broker_request(
+        h.pid,
+        h.nonce,
+        &handle.data,
+        16 + 24 * max_pieces,
+        max_pieces,
+    )
+    .map_err(|e| {
+        if e == rustix::io::Errno::PERM {
+            Error::InvalidArgument(format!(
+                "the socket named {:?} is not served by the exporting process {} running \
+                     as our uid (SO_PEERCRED): the exporter is gone and another process holds \
+                     its name; nothing was sent to it",
+                transport::broker_name(h.pid, h.nonce),
+                h.pid
+            ))
+        } else if e == rustix::io::Errno::CONNREFUSED || e == rustix::io::Errno::NOENT {
+            Error::InvalidArgument(format!(
+                "the exporting process {} is gone (no IPC broker answers): the handle \
                      cannot be opened any more",
-                    h.pid
-                ))
-            } else {
-                Error::InvalidArgument(format!("the IPC broker of process {} failed: {e}", h.pid))
-            }
-        })?;
+                h.pid
+            ))
+        } else {
+            Error::InvalidArgument(format!("the IPC broker of process {} failed: {e}", h.pid))
+        }
+    })?;
     if reply.status != ST_OK {
         return Err(Error::InvalidArgument(format!(
             "process {} refused the handle: {}",
@@ -612,6 +717,17 @@ fn material(h: &Decoded, handle: &IpcHandle) -> Result<Material> {
 fn validate(m: &Material) -> Result<()> {
     let page = crate::backend::host::os_page_size() as u64;
     let mut total: u64 = 0;
+    // Seals first: once GROW | SHRINK are set, the sizes read below cannot change.
+    for (i, fd) in m.fds.iter().enumerate() {
+        let need = m
+            .pieces
+            .iter()
+            .filter(|p| p.obj as usize == i)
+            .map(|p| p.offset.saturating_add(p.len))
+            .max()
+            .unwrap_or(0);
+        check_received_fd(fd.as_fd(), need)?;
+    }
     for p in &m.pieces {
         let fd = m.fds.get(p.obj as usize).ok_or_else(|| {
             Error::InvalidArgument(format!("piece names object {} of {}", p.obj, m.fds.len()))
@@ -693,6 +809,14 @@ pub(crate) fn opened_range(ptr: usize) -> Option<(usize, usize)> {
     let im = IMPORTS.lock();
     let (&b, r) = im.range(..=ptr).next_back()?;
     (ptr < b + r.size).then_some((b, r.size))
+}
+
+/// `(base, end)` of a view opened in this process (any context, any driver) that overlaps
+/// `[start, end)`: memory that is neither system memory nor reserved VA of this process.
+pub(crate) fn view_overlapping(start: usize, end: usize) -> Option<(usize, usize)> {
+    let im = IMPORTS.lock();
+    let (&b, r) = im.range(..end).next_back()?;
+    (b + r.size > start).then_some((b, b + r.size))
 }
 
 /// Properties of a view opened in this process that contains `ptr`
@@ -810,8 +934,10 @@ impl Context {
     /// at creation); `InvalidArgument` for a pointer in no allocation of this context and no
     /// mapped page, or imported system memory. With a range: `InvalidSize` for size 0,
     /// `UnsupportedAlignment` / `UnsupportedSize` for a pointer / size that is not a multiple
-    /// of the OS page, `InvalidArgument` if a USM allocation overlaps the range,
-    /// `AddressNotFound` naming the first unmapped byte, `UnsupportedSize` past
+    /// of the OS page, `InvalidArgument` if memory that is not reserved VA overlaps the range (a
+    /// USM allocation or import, a managed allocation, an opened IPC view),
+    /// `AddressNotFound` naming the first byte not mapped to a physical object (an unmapped
+    /// page of a reservation, or an address hetmem does not know), `UnsupportedSize` past
     /// [`max_range_pieces`] pieces. Nothing changes on error.
     pub fn get_ipc_handle_with_properties(
         &self,
@@ -935,8 +1061,30 @@ impl Context {
         })?;
         let drv = self.driver();
         let d = &drv.shared;
-        // Lock order: usm before vm.
+        // Memory that is not reserved VA: managed (its lock is never held with usm or vm, so
+        // asked first), IPC views, USM allocations and imports -> InvalidArgument.
+        if let Some((s, e)) = d.managed.overlapping(ptr, end) {
+            return Err(Error::InvalidArgument(format!(
+                "IPC range [{}, {}) includes the managed allocation [{}, {}); range handles \
+                 cover reserved VA mapped to physical memory only",
+                Addr(ptr),
+                Addr(end),
+                Addr(s),
+                Addr(e)
+            )));
+        }
+        // Lock order: usm before vm before the view table.
         let usm = d.usm.read();
+        if let Some((s, e)) = view_overlapping(ptr, end) {
+            return Err(Error::InvalidArgument(format!(
+                "IPC range [{}, {}) includes the opened IPC view [{}, {}); range handles cover \
+                 reserved VA mapped to physical memory only",
+                Addr(ptr),
+                Addr(end),
+                Addr(s),
+                Addr(e)
+            )));
+        }
         if let Some((s, e)) = usm.overlapping_range(ptr, end) {
             return Err(Error::InvalidArgument(format!(
                 "IPC range [{}, {}) includes the USM allocation [{}, {}); range handles cover \
@@ -1185,10 +1333,12 @@ mod tests {
             kind: IpcHandleKind::Range,
             mem: MemoryType::Device,
             pid: 1234,
+            nonce: 0xfeed,
             id: 77,
             token: [9; 16],
             size: 1 << 20,
-            ino: 42,
+            ino: 0,
+            dev: 0,
             pieces: 3,
         }
     }
@@ -1199,9 +1349,19 @@ mod tests {
         assert_eq!(h.fd(), 17);
         let d = decode(&h).unwrap();
         assert_eq!(
-            (d.kind, d.pid, d.id, d.size, d.ino, d.pieces),
-            (IpcHandleKind::Range, 1234, 77, 1 << 20, 42, 3)
+            (d.kind, d.pid, d.nonce, d.id, d.size, d.pieces),
+            (IpcHandleKind::Range, 1234, 0xfeed, 77, 1 << 20, 3)
         );
+        // An allocation handle carries the memfd's device and inode instead of a piece count.
+        let a = Decoded {
+            kind: IpcHandleKind::Allocation,
+            ino: 0x1234_5678_9abc,
+            dev: 0x0010_0001,
+            pieces: 1,
+            ..sample()
+        };
+        let d = decode(&encode(5, &a)).unwrap();
+        assert_eq!((d.ino, d.dev, d.pieces), (0x1234_5678_9abc, 0x0010_0001, 1));
         let mut h2 = h;
         h2.set_fd(99);
         assert_eq!(h2.fd(), 99);
@@ -1241,6 +1401,41 @@ mod tests {
         );
         assert_eq!(e.unwrap_err().ze_result(), 0x7800_0003);
         assert!(check_handle_types(IpcHandleTypes::DEFAULT, both, Some(both)).is_ok());
+    }
+
+    fn memfd(size: u64, seals: rustix::fs::SealFlags) -> OwnedFd {
+        use rustix::fs::MemfdFlags;
+        let fd =
+            rustix::fs::memfd_create("t", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
+        rustix::fs::ftruncate(&fd, size).unwrap();
+        if !seals.is_empty() {
+            rustix::fs::fcntl_add_seals(&fd, seals).unwrap();
+        }
+        fd
+    }
+
+    #[test]
+    fn received_fd_must_be_a_memfd_sealed_against_grow_and_shrink_and_large_enough() {
+        use rustix::fs::SealFlags;
+        let ok = memfd(
+            1 << 16,
+            SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL,
+        );
+        assert!(check_received_fd(ok.as_fd(), 1 << 16).is_ok());
+        let e = check_received_fd(ok.as_fd(), (1 << 16) + 1).unwrap_err();
+        assert_eq!(e.ze_result(), 0x7800_0004, "{e}");
+        assert!(e.message().contains("holds"), "{e}");
+        for seals in [SealFlags::empty(), SealFlags::GROW, SealFlags::SHRINK] {
+            let f = memfd(1 << 16, seals);
+            let e = check_received_fd(f.as_fd(), 1 << 16).unwrap_err();
+            assert_eq!(e.ze_result(), 0x7800_0004, "{seals:?}");
+            assert!(e.message().contains("not sealed"), "{e}");
+        }
+        // Not a memfd at all: a pipe.
+        let (r, _w) = rustix::pipe::pipe().unwrap();
+        let e = check_received_fd(r.as_fd(), 1).unwrap_err();
+        assert_eq!(e.ze_result(), 0x7800_0004);
+        assert!(e.message().contains("not a sealable memfd"), "{e}");
     }
 
     #[test]

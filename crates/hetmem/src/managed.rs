@@ -25,7 +25,26 @@
 //! - **Preferred location / accessed-by** follow ACL's eager semantics (see [`Advice`]).
 //! - Host-synchronous [`Context::managed_memset`] / [`Context::managed_memcpy`] /
 //!   [`Context::managed_write`] / [`Context::managed_read`] are host accesses (pages migrate to
-//!   the host); the stream-ordered forms are device accesses on the stream's device.
+//!   the host); the stream-ordered forms are device accesses on the stream's device. Either
+//!   copy may have one plain side (see [`Context::managed_memcpy`], [`Stream::memcpy_async`]).
+//!
+//! # Locking and pinning
+//! One mutex per driver (`state`) guards every residency decision and migration; it is never
+//! held while device work or a device copy / fill runs. Such work first migrates its pages
+//! under the lock, then **pins** them (a count per page) and drops the lock for the work; the
+//! pins drop, under the lock, when it is done. A pinned page's copies never change:
+//! - eviction skips it (a device full of pinned pages answers `OutOfDeviceMemory`);
+//! - a host fault on it is *deferred*: the fault thread records it and goes on with other
+//!   faults; the faulting thread stays blocked until the last pin drops, when the unpinning
+//!   thread resolves it (so nothing waits for the fault thread);
+//! - prefetches, advice, frees (and context teardown) and device operations that would change
+//!   it wait on a condition variable (lock released) for the pins to drop; device work that
+//!   needs it exactly where it is (same device, nothing to move) runs alongside.
+//!
+//! Lock order: `state` -> the in-flight table of [`crate::queue`] (taken by nothing here while
+//! `state` is held except through a free). Nothing waits for pins while holding any other
+//! lock, and work never runs with `state` held, so the only cycle left is one the caller
+//! builds: work that waits for a thread that itself waits for that work's pages.
 //!
 //! # Errors (ACL codes through [`Error::acl_error`])
 //! Null pointers, size 0 and bad flag values are API-layer errors, 100000
@@ -42,7 +61,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::backend::managed::{Fault, FaultSink, FaultThread, ManagedOps, ManagedRange};
 use crate::capacity::DeviceMemory;
@@ -360,6 +379,10 @@ struct Page {
     last_prefetch: Option<Loc>,
     /// LRU tick per device.
     tick: Vec<u64>,
+    /// Device-side operations using the page right now (launched work, a copy or fill segment)
+    /// with the lock dropped: while non-zero the page's residency may not change (see
+    /// "Pinning" in the module docs).
+    pins: u32,
 }
 
 impl Page {
@@ -374,6 +397,7 @@ impl Page {
             accessed_by: BTreeSet::new(),
             last_prefetch: None,
             tick: vec![0; devices],
+            pins: 0,
         }
     }
     fn on_device(&self) -> Option<u32> {
@@ -384,6 +408,15 @@ impl Page {
     }
     fn copies(&self) -> usize {
         self.host as usize + self.slots.iter().filter(|s| s.is_some()).count()
+    }
+    /// Whether [`Core::ensure_device`]`(d, write)` would leave the copies as they are (the
+    /// page is already usable there): the only change allowed on a pinned page.
+    fn ready_on(&self, d: u32, write: bool) -> bool {
+        if self.slots[d as usize].is_none() {
+            return false;
+        }
+        let exclusive = write || !self.read_mostly;
+        !exclusive || self.copies() == 1
     }
 }
 
@@ -405,6 +438,8 @@ struct State {
     cached: Vec<BTreeMap<u32, usize>>,
     tick: u64,
     stats: ManagedStats,
+    /// Host faults on pinned pages, waiting for the pin to drop: page -> a write was seen.
+    deferred: BTreeMap<usize, bool>,
 }
 
 /// The managed-memory core of one driver: state, the platform's operations and the fault sink.
@@ -413,6 +448,8 @@ struct Core {
     ops: Arc<dyn ManagedOps>,
     devmem: Arc<DeviceMemory>,
     state: Mutex<State>,
+    /// Signalled (with `state`) whenever a page's pin count drops.
+    unpinned: Condvar,
 }
 
 /// Per-driver managed memory: made on the first allocation (the platform check happens then).
@@ -446,6 +483,7 @@ impl ManagedState {
                     let core = Arc::new(Core {
                         ops: ops.clone(),
                         devmem: self.devmem.clone(),
+                        unpinned: Condvar::new(),
                         state: Mutex::new(State {
                             lru: vec![BTreeSet::new(); n],
                             free_slots: vec![Vec::new(); n],
@@ -482,18 +520,32 @@ impl ManagedState {
         }
     }
 
+    /// `(base, end)` of a managed allocation of this driver (its host range) overlapping
+    /// `[start, end)`, if any: memory that is neither system memory nor reserved VA (asked by
+    /// imports and IPC range handles). Takes the managed lock: never call with `usm` or `vm`
+    /// held.
+    pub(crate) fn overlapping(&self, start: usize, end: usize) -> Option<(usize, usize)> {
+        let c = self.existing()?;
+        let st = c.state.lock();
+        let (&b, a) = st.allocs.range(..end).next_back()?;
+        (b + a.range.size > start).then_some((b, b + a.range.size))
+    }
+
     /// Frees every managed allocation of context `ctx` (context destruction).
     pub(crate) fn release_context(&self, ctx: u64) {
         if let Some(c) = self.existing() {
             let mut st = c.state.lock();
-            let bases: Vec<usize> = st
+            let bases: Vec<(usize, usize)> = st
                 .allocs
                 .iter()
                 .filter(|(_, a)| a.ctx == ctx)
-                .map(|(&b, _)| b)
+                .map(|(&b, a)| (b, a.range.size))
                 .collect();
-            for b in bases {
-                c.free_locked(&mut st, b);
+            for (b, size) in bases {
+                // Work running on it finishes first; gone meanwhile: nothing to do.
+                if c.wait_pins(&mut st, &[(b, size, None, false)]).is_ok() {
+                    c.free_locked(&mut st, b);
+                }
             }
         }
     }
@@ -524,14 +576,14 @@ impl FaultSink for Core {
             self.ops.host_wake(page, PAGE);
             return;
         }
-        match self.ensure_host(&mut st, page, f.write || f.write_protect) {
-            Ok(true) => st.stats.host_faults += 1,
-            Ok(false) => self.ops.host_wake(page, PAGE),
-            Err(e) => {
-                tracing::error!("managed fault at {:#x} could not be resolved: {e}", f.addr);
-                self.ops.host_wake(page, PAGE);
-            }
+        let write = f.write || f.write_protect;
+        if self.page_ref(&st, page).pins > 0 {
+            // Device work uses the page: the faulting thread stays blocked until the last pin
+            // drops ([`Core::unpin`] resolves it then); this thread goes on with other faults.
+            *st.deferred.entry(page).or_insert(false) |= write;
+            return;
         }
+        self.resolve_fault(&mut st, page, write);
     }
 }
 
@@ -540,9 +592,82 @@ impl FaultSink for Core {
 struct DevOperand {
     addr: usize,
     write: bool,
+    /// Managed memory (migrated to the device); else memory the driver knows (a USM
+    /// allocation, an import, an IPC view, mapped virtual memory), used in place and held in
+    /// flight by the caller.
+    managed: bool,
 }
 
 impl Core {
+    /// Makes `page` accessible on the host for a faulting thread (and wakes it).
+    fn resolve_fault(&self, st: &mut State, page: usize, write: bool) {
+        match self.ensure_host(st, page, write) {
+            Ok(true) => st.stats.host_faults += 1,
+            Ok(false) => self.ops.host_wake(page, PAGE),
+            Err(e) => {
+                tracing::error!("managed fault at {page:#x} could not be resolved: {e}");
+                self.ops.host_wake(page, PAGE);
+            }
+        }
+    }
+
+    /// Pins `pages` (one count each; duplicates count twice): their residency stays as it is
+    /// until [`Core::unpin`].
+    fn pin(&self, st: &mut State, pages: &[usize]) {
+        for &a in pages {
+            self.page_mut(st, a).pins += 1;
+        }
+    }
+
+    /// Drops one pin of each of `pages`; host faults deferred on a page whose last pin this
+    /// was are resolved now; waiters for pins are woken.
+    fn unpin(&self, st: &mut State, pages: &[usize]) {
+        for &a in pages {
+            if self.find(st, a).is_none() {
+                continue; // never expected: a free waits for pins
+            }
+            let p = self.page_mut(st, a);
+            p.pins -= 1;
+            if p.pins == 0 {
+                if let Some(write) = st.deferred.remove(&a) {
+                    self.resolve_fault(st, a, write);
+                }
+            }
+        }
+        self.unpinned.notify_all();
+    }
+
+    /// Waits (the lock released meanwhile) until every page of every `ranges` entry
+    /// (`(ptr, len, device, write)`) is unpinned, or pinned but already usable as the caller
+    /// needs (`device`: [`Page::ready_on`]; `None`: any pin blocks). Checks the ranges are
+    /// live managed memory each time round.
+    fn wait_pins(
+        &self,
+        st: &mut MutexGuard<'_, State>,
+        ranges: &[(usize, usize, Option<u32>, bool)],
+    ) -> Result<()> {
+        loop {
+            for &(p, l, _, _) in ranges {
+                self.check_range(st, p, l)?;
+            }
+            let busy = ranges.iter().any(|&(p, l, d, w)| {
+                pages_of(p, l).any(|a| {
+                    let pg = self.page_ref(st, a);
+                    pg.pins > 0 && !d.is_some_and(|d| pg.ready_on(d, w))
+                })
+            });
+            if !busy {
+                return Ok(());
+            }
+            self.unpinned.wait(st);
+        }
+    }
+
+    fn page_ref<'a>(&self, st: &'a State, addr: usize) -> &'a Page {
+        let (base, i) = self.find(st, addr).expect("page of a live allocation");
+        &st.allocs[&base].pages[i]
+    }
+
     fn find(&self, st: &State, addr: usize) -> Option<(usize, usize)> {
         let (&base, a) = st.allocs.range(..=addr).next_back()?;
         (addr < base + a.range.size).then_some((base, (addr - base) / PAGE))
@@ -647,20 +772,22 @@ impl Core {
                 let s = st.free_slots[di].pop().expect("just freed");
                 return Ok((s, false));
             }
-            // Evict: least recently used, pages preferring `d` last.
+            // Evict: least recently used, pages preferring `d` last; never a pinned page (work
+            // is using it).
             let pick = |prefer_skip: bool, st: &State| {
                 st.lru[d as usize].iter().map(|&(_, a)| a).find(|&a| {
                     if keep.contains(&a) {
                         return false;
                     }
-                    !prefer_skip || self.page(st, a).preferred != Some(Loc::Device(d))
+                    let p = self.page_ref(st, a);
+                    p.pins == 0 && (!prefer_skip || p.preferred != Some(Loc::Device(d)))
                 })
             };
             let victim = pick(true, st).or_else(|| pick(false, st));
             let Some(v) = victim else {
                 return Err(Error::OutOfDeviceMemory(format!(
                     "device {d} is full ({:#x} of {:#x} bytes used) and holds no managed page \
-                     that can be evicted",
+                     that can be evicted (pages in use by running work stay)",
                     self.devmem.used(d as usize),
                     self.devmem.capacity(d as usize)
                 )));
@@ -1007,9 +1134,12 @@ impl Core {
     }
 
     /// Executes a device-side operation on device `d`: `f` gets, per operand, the address
-    /// through which device `d` reaches it, once every page of every operand is on `d`.
-    /// Operands are processed in page-aligned segments (`seg` bytes at once, forward or backward
-    /// when `backward`), so an operation larger than the device still completes.
+    /// through which device `d` reaches it, once every page of every managed operand is on
+    /// `d`. Operands are processed in page-aligned segments (`seg` bytes at once, forward or
+    /// backward when `backward`), so an operation larger than the device still completes. Each
+    /// segment's pages are migrated under the lock, then pinned, and `f` runs with the lock
+    /// dropped (host faults and other streams go on meanwhile); a segment waits for pinned
+    /// pages it would have to move.
     fn device_op(
         &self,
         d: u32,
@@ -1019,7 +1149,7 @@ impl Core {
         mut f: impl FnMut(&[usize], usize, usize),
     ) -> Result<()> {
         let mut st = self.state.lock();
-        for o in ops {
+        for o in ops.iter().filter(|o| o.managed) {
             self.check_range(&st, o.addr, len)?;
         }
         // Segment boundaries: every page boundary of every operand.
@@ -1041,26 +1171,85 @@ impl Core {
         };
         let mut addrs = vec![0usize; ops.len()];
         for &(s, e) in order {
-            let keep: Vec<usize> = ops.iter().map(|o| (o.addr + s) & !(PAGE - 1)).collect();
-            for (i, o) in ops.iter().enumerate() {
-                let page = keep[i];
-                // Write operands last, so a read of the same page never undoes the write's
-                // exclusivity.
-                if !o.write {
-                    self.ensure_device(&mut st, page, d, false, &keep)?;
-                }
-                addrs[i] = o.addr + s;
+            let managed: Vec<&DevOperand> = ops.iter().filter(|o| o.managed).collect();
+            let keep: Vec<usize> = managed.iter().map(|o| (o.addr + s) & !(PAGE - 1)).collect();
+            let want: Vec<(usize, usize, Option<u32>, bool)> = managed
+                .iter()
+                .map(|o| (o.addr + s, e - s, Some(d), o.write))
+                .collect();
+            self.wait_pins(&mut st, &want)?;
+            // Write operands last, so a read of the same page never undoes the write's
+            // exclusivity.
+            for o in managed.iter().filter(|o| !o.write) {
+                self.ensure_device(&mut st, (o.addr + s) & !(PAGE - 1), d, false, &keep)?;
             }
-            for o in ops.iter().filter(|o| o.write) {
+            for o in managed.iter().filter(|o| o.write) {
                 self.ensure_device(&mut st, (o.addr + s) & !(PAGE - 1), d, true, &keep)?;
             }
             for (i, o) in ops.iter().enumerate() {
-                addrs[i] = self.mirror(&st, o.addr + s, d);
+                addrs[i] = if o.managed {
+                    self.mirror(&st, o.addr + s, d)
+                } else {
+                    o.addr + s
+                };
             }
-            f(&addrs, s, e - s);
+            self.pin(&mut st, &keep);
+            MutexGuard::unlocked(&mut st, || f(&addrs, s, e - s));
+            self.unpin(&mut st, &keep);
         }
         Ok(())
     }
+}
+
+/// Checks `[ptr, ptr+len)` is mapped in this process, readable (and writable if `write`),
+/// from `/proc/self/maps`.
+///
+/// Errors: `AddressNotFound` naming the first byte that is not.
+fn check_process_memory(ptr: usize, len: usize, write: bool) -> Result<()> {
+    let end = ptr + len;
+    let maps = std::fs::read_to_string("/proc/self/maps")
+        .map_err(|e| Error::Unknown(format!("reading /proc/self/maps: {e}")))?;
+    let mut at = ptr;
+    for line in maps.lines() {
+        if at >= end {
+            break;
+        }
+        let mut f = line.split_whitespace();
+        let (Some(r), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        let Some((a, b)) = r.split_once('-') else {
+            continue;
+        };
+        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
+            continue;
+        };
+        if b <= at {
+            continue;
+        }
+        let ok = perms.starts_with('r') && (!write || perms.as_bytes().get(1) == Some(&b'w'));
+        if a > at || !ok {
+            break;
+        }
+        at = b;
+    }
+    if at < end {
+        return Err(Error::AddressNotFound(format!(
+            "{} is not {} process memory (in [{}, {}))",
+            Addr(at),
+            if write { "writable" } else { "readable" },
+            Addr(ptr),
+            Addr(end)
+        )));
+    }
+    Ok(())
+}
+
+/// The managed-page addresses `[ptr, ptr+len)` overlaps (none for `len` 0).
+fn pages_of(ptr: usize, len: usize) -> impl Iterator<Item = usize> {
+    let first = ptr & !(PAGE - 1);
+    let end = ptr + len;
+    (first..end).step_by(PAGE)
 }
 
 /// Checks pointer / size / alignment of an advise or prefetch (see the module docs).
@@ -1138,30 +1327,61 @@ impl Stream {
         }
     }
 
-    /// Stream-ordered `aclrtMemcpyAsync` of `count` bytes between managed memory (`dst` and
-    /// `src` each inside one managed allocation; overlap behaves as `memmove`), executed by the
-    /// stream's device: the pages migrate to it first.
+    /// Stream-ordered `aclrtMemcpyAsync` of `count` bytes (overlap behaves as `memmove`),
+    /// executed by the stream's device. Each side is either managed memory (the range inside
+    /// one managed allocation; its pages migrate to the stream's device first, as any device
+    /// access) or memory the driver knows, used in place: a USM allocation or import, an
+    /// opened IPC view, or mapped virtual memory with the access the copy needs (the rules of
+    /// [`crate::queue`]), held in flight until the copy has run. At least one side must be
+    /// managed (a copy between two USM ranges is a command list's job).
     ///
-    /// Errors (nothing queued): `InvalidNullPointer`; `AddressNotFound` (107000) for a range
-    /// not inside managed memory.
+    /// Errors (nothing queued): `InvalidNullPointer` (100000); `AddressNotFound` (107000) for
+    /// a managed range running past its allocation or when neither side is managed memory;
+    /// `InvalidArgument` (107000) for a non-managed side that is not memory the driver knows
+    /// (or read-only memory as the destination).
     pub fn memcpy_async(&self, dst: usize, src: usize, count: usize) -> Result<()> {
         if dst == 0 || src == 0 {
             return Err(Error::InvalidNullPointer("pointer is null".into()));
         }
-        {
+        let (dm, sm) = {
             let st = self.core.state.lock();
-            self.core.check_range(&st, dst, count)?;
-            self.core.check_range(&st, src, count)?;
-        }
+            let dm = self.core.find(&st, dst).is_some();
+            let sm = self.core.find(&st, src).is_some();
+            if !dm && !sm {
+                return Err(Error::AddressNotFound(format!(
+                    "neither {} nor {} is inside managed memory",
+                    Addr(dst),
+                    Addr(src)
+                )));
+            }
+            if dm {
+                self.core.check_range(&st, dst, count)?;
+            }
+            if sm {
+                self.core.check_range(&st, src, count)?;
+            }
+            (dm, sm)
+        };
+        // The plain side (at most one), held in flight until the copy has run.
+        let held = match (dm, sm) {
+            (false, _) => Some(self.queue.hold_operand(dst, count, true)?),
+            (_, false) => Some(self.queue.hold_operand(src, count, false)?),
+            _ => None,
+        };
         let d = self.dev();
-        self.enqueue(move |c| c.device_copy(d, dst, src, count));
+        self.enqueue(move |c| {
+            let r = c.device_copy(d, (dst, dm), (src, sm), count);
+            drop(held);
+            r
+        });
         Ok(())
     }
 
     /// Stream-ordered `aclrtMemsetAsync`: `count` bytes at `ptr` (inside one managed
     /// allocation) set to `value`, by the stream's device.
     ///
-    /// Errors: as [`Stream::memcpy_async`].
+    /// Errors (nothing queued): `InvalidNullPointer` (100000); `AddressNotFound` (107000) for
+    /// a range not inside one managed allocation.
     pub fn memset_async(&self, ptr: usize, value: u8, count: usize) -> Result<()> {
         if ptr == 0 {
             return Err(Error::InvalidNullPointer("pointer is null".into()));
@@ -1172,9 +1392,10 @@ impl Stream {
             let o = [DevOperand {
                 addr: ptr,
                 write: true,
+                managed: true,
             }];
             c.device_op(d, &o, count, false, |a, _, n| {
-                // SAFETY: the mirror segment is mapped on `d` and held under the lock.
+                // SAFETY: the mirror segment is mapped on `d` and its page pinned there.
                 unsafe { std::ptr::write_bytes(a[0] as *mut u8, value, n) }
             })
         });
@@ -1183,12 +1404,19 @@ impl Stream {
 
     /// Launches device work that uses `buffers` (`(ptr, len, write)`, each inside one managed
     /// allocation): when the stream reaches it, every page of every buffer is migrated to the
-    /// stream's device (written buffers exclusively), then `work` runs on the device's engine
-    /// with the device address of each buffer, contiguous. The whole working set must fit in
-    /// the device. `work` stands for a device kernel: it must reach managed memory only through
-    /// the buffers it is given, and must not call hetmem's managed-memory functions (touching
-    /// the managed range itself, or calling them, from `work` would wait for a migration that
-    /// waits for `work`).
+    /// stream's device (written buffers exclusively) and **pinned** there, then `work` runs on
+    /// the device's engine, with no lock held, with the device address of each buffer,
+    /// contiguous; the pins drop when it returns. The whole working set must fit in the device
+    /// next to the pages other running work has pinned there. `work` stands for a device
+    /// kernel: it must reach managed memory only through the buffers it is given.
+    ///
+    /// While `work` runs (see "Pinning" in the module docs): host faults and other managed
+    /// calls on other pages proceed; a host access to one of its pages waits until `work`
+    /// returns (the fault thread keeps serving other faults); prefetches, advice, frees and
+    /// device operations that would move its pages wait too, while other work that needs its
+    /// pages where they are (same device, no change) runs alongside. So `work` must not wait
+    /// for a host thread that touches its own buffers through the managed pointer, nor call
+    /// hetmem functions that move them (each would wait for the other).
     ///
     /// Errors (nothing queued): `InvalidNullPointer`; `AddressNotFound`. At run time (reported
     /// by [`Stream::synchronize`]): `OutOfDeviceMemory` if the buffers do not fit in the device
@@ -1211,20 +1439,15 @@ impl Stream {
         let bufs = buffers.to_vec();
         self.enqueue(move |c| {
             let mut st = c.state.lock();
-            let mut keep = Vec::new();
-            for &(p, l, _) in &bufs {
-                c.check_range(&st, p, l)?;
-                let mut a = p & !(PAGE - 1);
-                while a < p + l {
-                    keep.push(a);
-                    a += PAGE;
-                }
-            }
+            let want: Vec<(usize, usize, Option<u32>, bool)> =
+                bufs.iter().map(|&(p, l, w)| (p, l, Some(d), w)).collect();
+            c.wait_pins(&mut st, &want)?;
+            let mut keep: Vec<usize> = bufs.iter().flat_map(|&(p, l, _)| pages_of(p, l)).collect();
+            keep.sort_unstable();
+            keep.dedup();
             for &(p, l, w) in &bufs {
-                let mut a = p & !(PAGE - 1);
-                while a < p + l {
+                for a in pages_of(p, l) {
                     c.ensure_device(&mut st, a, d, w, &keep)?;
-                    a += PAGE;
                 }
             }
             let dev: Vec<DeviceBuffer> = bufs
@@ -1234,28 +1457,42 @@ impl Stream {
                     len: l,
                 })
                 .collect();
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || work(&dev)))
-                .map_err(|_| Error::Unknown("launched device work panicked".into()))
+            c.pin(&mut st, &keep);
+            let r = MutexGuard::unlocked(&mut st, || {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || work(&dev)))
+            });
+            c.unpin(&mut st, &keep);
+            r.map_err(|_| Error::Unknown("launched device work panicked".into()))
         });
         Ok(())
     }
 }
 
 impl Core {
-    fn device_copy(&self, d: u32, dst: usize, src: usize, count: usize) -> Result<()> {
+    /// A device copy on `d`; each side `(address, managed)`.
+    fn device_copy(
+        &self,
+        d: u32,
+        dst: (usize, bool),
+        src: (usize, bool),
+        count: usize,
+    ) -> Result<()> {
         let o = [
             DevOperand {
-                addr: dst,
+                addr: dst.0,
                 write: true,
+                managed: dst.1,
             },
             DevOperand {
-                addr: src,
+                addr: src.0,
                 write: false,
+                managed: src.1,
             },
         ];
-        let backward = dst > src && dst < src + count;
+        let backward = dst.0 > src.0 && dst.0 < src.0 + count;
         self.device_op(d, &o, count, backward, |a, _, n| {
-            // SAFETY: both mirror segments are mapped on `d` under the lock; memmove.
+            // SAFETY: managed segments are mapped on `d` and pinned there; the other side is
+            // live memory the driver knows, held in flight by the caller; memmove.
             unsafe { std::ptr::copy(a[1] as *const u8, a[0] as *mut u8, n) }
         })
     }
@@ -1337,15 +1574,17 @@ impl Context {
         }
         let core = self.managed()?;
         let mut st = core.state.lock();
-        match st.allocs.get(&ptr) {
-            Some(a) if a.ctx == self.id() => {}
+        let size = match st.allocs.get(&ptr) {
+            Some(a) if a.ctx == self.id() => a.range.size,
             _ => {
                 return Err(Error::AddressNotFound(format!(
                     "{} is not the base of a managed allocation of this context",
                     Addr(ptr)
                 )))
             }
-        }
+        };
+        // Work running on the allocation finishes first (its pages are pinned).
+        core.wait_pins(&mut st, &[(ptr, size, None, false)])?;
         core.free_locked(&mut st, ptr);
         Ok(())
     }
@@ -1370,14 +1609,53 @@ impl Context {
         Ok(())
     }
 
-    /// Host-synchronous `aclrtMemcpy` between managed ranges (overlap behaves as `memmove`);
-    /// the pages migrate to the host.
+    /// Host-synchronous `aclrtMemcpy` of `count` bytes (overlap behaves as `memmove`) by the
+    /// calling thread, a host access: managed pages migrate to the host. Each side is managed
+    /// memory (inside one managed allocation) or plain process memory that is mapped readable
+    /// (`src`) / writable (`dst`) for the whole range, checked against `/proc/self/maps`: host
+    /// buffers, USM host / device / shared allocations, imports (on this backend device memory
+    /// is process memory). At least one side must be managed.
     ///
-    /// Errors: `InvalidNullPointer` (100000); `AddressNotFound` (107000).
+    /// Errors (nothing copied): `InvalidNullPointer` (100000); `AddressNotFound` (107000) for a
+    /// managed range running past its allocation, a plain range that is not mapped with the
+    /// access needed or runs into managed memory, or when neither side is managed.
     pub fn managed_memcpy(&self, dst: usize, src: usize, count: usize) -> Result<()> {
-        self.check_host_range(dst, count)?;
-        self.check_host_range(src, count)?;
-        // SAFETY: both ranges are inside live managed allocations; memmove.
+        if dst == 0 || src == 0 {
+            return Err(Error::InvalidNullPointer("pointer is null".into()));
+        }
+        let core = self.managed()?;
+        {
+            let st = core.state.lock();
+            let dm = core.find(&st, dst).is_some();
+            let sm = core.find(&st, src).is_some();
+            if !dm && !sm {
+                return Err(Error::AddressNotFound(format!(
+                    "neither {} nor {} is inside managed memory",
+                    Addr(dst),
+                    Addr(src)
+                )));
+            }
+            for (p, managed, write) in [(dst, dm, true), (src, sm, false)] {
+                if managed {
+                    core.check_range(&st, p, count)?;
+                } else {
+                    let end = p.checked_add(count).ok_or_else(|| {
+                        Error::AddressNotFound(format!("{} + {count:#x} overflows", Addr(p)))
+                    })?;
+                    if let Some((&b, _)) = st.allocs.range(p..end).next() {
+                        return Err(Error::AddressNotFound(format!(
+                            "[{}, {}) runs into the managed allocation at {}",
+                            Addr(p),
+                            Addr(end),
+                            Addr(b)
+                        )));
+                    }
+                    check_process_memory(p, count, write)?;
+                }
+            }
+        }
+        // SAFETY: managed sides are inside live managed allocations (absent pages fault and
+        // migrate; no lock is held here); plain sides are mapped with the access needed.
         unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, count) };
         Ok(())
     }
@@ -1436,6 +1714,8 @@ impl Context {
         let core = self.managed()?;
         let mut st = core.state.lock();
         check_advise_args(core, &st, ptr, size)?;
+        // Advice may move any page of the range: wait for work using them.
+        core.wait_pins(&mut st, &[(ptr, size, None, false)])?;
         let pages: Vec<usize> = (ptr..ptr + size).step_by(PAGE).collect();
         match advice {
             Advice::SetReadMostly => {
@@ -1603,7 +1883,7 @@ impl Context {
         };
         stream.enqueue(move |c| {
             let mut st = c.state.lock();
-            c.check_range(&st, ptr, size)?;
+            c.wait_pins(&mut st, &[(ptr, size, loc.device(), false)])?;
             match loc.device() {
                 None => c.prefetch_to_host(&mut st, ptr, size),
                 Some(d) => c.prefetch_to_device(&mut st, ptr, size, d),

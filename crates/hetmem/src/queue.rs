@@ -694,6 +694,39 @@ impl CommandQueue {
     pub(crate) fn submit_host(&self, f: Box<dyn FnOnce() + Send>) {
         self.sub.submit_host(f)
     }
+
+    /// Checks `[ptr, ptr+size)` as a memory operand (the rules in the module docs) and holds
+    /// its in-flight reference until the returned guard is dropped: the plain-memory side of
+    /// a managed stream copy ([`crate::managed::Stream::memcpy_async`]).
+    ///
+    /// Errors: as an append: `InvalidNullPointer`, `InvalidArgument`.
+    pub(crate) fn hold_operand(&self, ptr: usize, size: usize, write: bool) -> Result<HeldOperand> {
+        let d = &self.sub.driver;
+        let usm = d.usm.read();
+        let vm = d.vm.read();
+        let views = crate::ipc::views(d);
+        let r = check_operand(&usm, &vm, &views, Operand { ptr, size, write })?;
+        d.inflight.acquire(&[r]);
+        Ok(HeldOperand {
+            driver: d.clone(),
+            r,
+        })
+    }
+}
+
+/// An operand's in-flight reference, released on drop ([`CommandQueue::hold_operand`]).
+#[derive(Debug)]
+pub(crate) struct HeldOperand {
+    driver: Arc<DriverShared>,
+    r: InFlightRef,
+}
+
+impl Drop for HeldOperand {
+    fn drop(&mut self) {
+        for p in self.driver.inflight.release(&[self.r]) {
+            p.finish(self.driver.backend.as_ref());
+        }
+    }
 }
 
 #[derive(Debug, Default)]

@@ -407,7 +407,8 @@ impl UsmState {
     }
 
     /// `zeMemAllocHost` with `ze_external_memmap_sysmem_ext_desc_t`: see the module docs.
-    /// `reserved` tells whether `[ptr, ptr+size)` overlaps a virtual-memory reservation.
+    /// `not_system` names the memory overlapping `[ptr, ptr+size)` that is not system memory
+    /// (a virtual-memory reservation, an opened IPC view, a managed allocation), if any.
     pub(crate) fn import(
         &mut self,
         backend: &dyn Backend,
@@ -415,7 +416,7 @@ impl UsmState {
         ptr: usize,
         size: usize,
         read_only: bool,
-        reserved: impl FnOnce(usize, usize) -> bool,
+        not_system: impl FnOnce(usize, usize) -> Option<String>,
     ) -> Result<usize> {
         if size == 0 {
             return Err(Error::UnsupportedSize("import size is 0".into()));
@@ -444,9 +445,9 @@ impl UsmState {
                 Addr(e)
             )));
         }
-        if reserved(ptr, end) {
+        if let Some(what) = not_system(ptr, end) {
             return Err(Error::InvalidArgument(format!(
-                "[{}, {}) overlaps a virtual-memory reservation, which is not system memory",
+                "[{}, {}) overlaps {what}, which is not system memory",
                 Addr(ptr),
                 Addr(end)
             )));

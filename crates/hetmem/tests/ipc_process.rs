@@ -316,7 +316,7 @@ fn forged_token_put_and_stale_handles_are_refused_by_the_broker() {
     assert!(msg.contains("wrong token"), "{msg}");
     // Another export id that never existed.
     let mut stale = h;
-    stale.data[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+    stale.data[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
     stale.set_fd(-1);
     reseal(&mut stale);
     let (code, msg) = open_in_child(&stale);

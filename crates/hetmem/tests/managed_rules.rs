@@ -816,11 +816,11 @@ fn host_memset_and_memcpy_work_across_pages_and_allocations() {
     assert_eq!(out, [0, 6, 9, 9, 9, 9, 6, 6]);
     assert_eq!(code(ctx.managed_memset(a + 2 * PAGE, 0, PAGE + 1)), 107_000);
     assert_eq!(code(ctx.managed_memset(0, 0, 1)), 100_000);
+    // Plain host memory is a valid side (aclrtMemcpy host <-> managed); unmapped memory is not.
     let heap = [0u8; 64];
-    assert_eq!(
-        code(ctx.managed_memcpy(a, heap.as_ptr() as usize, 64)),
-        107_000
-    );
+    ctx.managed_memcpy(a, heap.as_ptr() as usize, 64).unwrap();
+    assert_eq!(byte(a + 63), 0);
+    assert_eq!(code(ctx.managed_memcpy(a, 4096, 64)), 107_000);
 }
 
 #[test]

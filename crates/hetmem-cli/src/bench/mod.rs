@@ -68,6 +68,18 @@ pub struct Row {
     pub target: Option<&'static str>,
 }
 
+/// JSON fields a group adds beyond its rows' (e.g. a speedup that is baseline / hetmem, or a
+/// figure with its own name), written by `run` after the rows' fields.
+static EXTRA_JSON: std::sync::Mutex<Vec<(String, f64)>> = std::sync::Mutex::new(Vec::new());
+
+/// Adds the JSON field `key` (written as is) with value `v` to this run's output.
+pub fn json_extra(key: &str, v: f64) {
+    EXTRA_JSON
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((key.to_string(), v));
+}
+
 pub fn run(args: Args) -> Result<(), String> {
     let rows = match args.group.as_str() {
         "vmm" => vmm::bench(&args)?,
@@ -95,6 +107,9 @@ pub fn run(args: Args) -> Result<(), String> {
                 obj.insert(format!("{}_baseline_{unit}", r.key), b.into());
                 obj.insert(format!("{}_ratio", r.key), (r.hetmem_ns / b).into());
             }
+        }
+        for (k, v) in EXTRA_JSON.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            obj.insert(k.clone(), (*v).into());
         }
         let text = serde_json::to_string_pretty(&serde_json::Value::Object(obj))
             .map_err(|e| e.to_string())?;

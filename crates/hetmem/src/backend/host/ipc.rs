@@ -9,17 +9,31 @@
 //! |---|---|
 //! | [`send_fds`] | `sendmsg(2)` with an `SCM_RIGHTS` control message |
 //! | [`recv_fds`] | `recvmsg(2)` with `MSG_CMSG_CLOEXEC` |
-//! | [`connect_broker`] | `socket(AF_UNIX, SOCK_SEQPACKET \| SOCK_CLOEXEC)`, `connect(2)` to an abstract name |
-//! | [`start_broker`] | `socket`, `bind` (abstract name), `listen`, then a thread: `accept4`, `getsockopt(SO_PEERCRED)`, `recvmsg`, `sendmsg` |
+//! | [`connect_broker`] | `socket(AF_UNIX, SOCK_SEQPACKET \| SOCK_CLOEXEC)`, `connect(2)` to an abstract name, `getsockopt(SO_PEERCRED)` |
+//! | [`start_broker`] | `getrandom`, `socket`, `bind` (abstract name), `listen`, then a thread: `accept4`, `getsockopt(SO_PEERCRED)`; per accepted peer of our uid a thread: `recvmsg`, `sendmsg` |
 //! | [`fd_identity`] | `fstat(2)` |
+//! | [`fd_seals`] | `fcntl(F_GET_SEALS)` |
 //! | [`dup_fd`] | `fcntl(F_DUPFD_CLOEXEC)` |
 //!
 //! # The broker
 //! A process's broker is a `SOCK_SEQPACKET` Unix socket in the abstract namespace named
-//! `hetmem-ipc-broker.<pid>` (no file to clean up; it vanishes with the process), served by one
-//! thread started on the first export and living as long as the process. It accepts only peers
-//! with the same effective uid (`SO_PEERCRED`); every other check is the handler's. The exporter
-//! is never made ptraceable.
+//! `hetmem-ipc-broker.<pid>.<nonce>` ([`broker_name`]; `<nonce>` is 8 hex digits drawn from
+//! `getrandom(2)` when the broker starts, and published in every handle, so nobody can bind the
+//! name in advance; a name already taken is retried with a fresh nonce). No file to clean up; it
+//! vanishes with the process. An accept thread, started on the first export and living as long
+//! as the process, checks each peer's `SO_PEERCRED` right after `accept4`: a peer of another
+//! effective uid is dropped at once; a peer of ours is handed to a worker thread of its own
+//! (an idle worker, or a new one: at most [`MAX_BROKER_PEERS`] workers, so further peers are
+//! dropped at once while all are busy; each worker waits at most [`REQUEST_TIMEOUT`] for its
+//! peer's request, and exits after [`WORKER_IDLE`] with nothing to do), so idle connections
+//! never stall other importers.
+//! Every other check is the handler's. A broker that fails to start is not remembered: the
+//! next export tries again. The exporter is never made ptraceable.
+//!
+//! The requester ([`connect_broker`]) checks the listener's `SO_PEERCRED` before sending
+//! anything: its pid must be the exporter's pid recorded in the handle and its uid our
+//! effective uid (else `EPERM`), so a process squatting a vanished exporter's name never sees
+//! a handle's token.
 //!
 //! Wire format (every message one datagram of the seqpacket socket):
 //! - request: the 64-byte handle;
@@ -27,10 +41,12 @@
 //! - payload: messages of at most [`PAYLOAD_CHUNK`] bytes until the payload length is reached;
 //! - fds: messages of one byte carrying at most [`MAX_FDS_PER_MSG`] fds each (`SCM_MAX_FD` is 253).
 
+use std::collections::VecDeque;
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use rustix::io::Errno;
@@ -44,8 +60,12 @@ pub const MAX_FDS_PER_MSG: usize = 250;
 /// Largest payload message in bytes (well under the default socket buffer).
 pub const PAYLOAD_CHUNK: usize = 32 << 10;
 const REPLY_MAGIC: &[u8; 4] = b"HMBR";
-/// How long the broker waits on a slow peer before dropping it.
+/// How long a requester waits on a slow broker, and the broker on a slow reader.
 const PEER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the broker waits for a connected peer's request before dropping it.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+/// Most peers the broker serves at once; further connections are dropped until one finishes.
+pub const MAX_BROKER_PEERS: usize = 64;
 
 /// Sends `payload` (at least one byte) with `fds` attached: `sendmsg(2)` + `SCM_RIGHTS`.
 pub fn send_fds(sock: BorrowedFd<'_>, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), Errno> {
@@ -87,9 +107,9 @@ pub fn recv_fds(
     Ok((msg.bytes, fds))
 }
 
-/// The abstract socket name of process `pid`'s broker.
-pub fn broker_name(pid: u32) -> String {
-    format!("hetmem-ipc-broker.{pid}")
+/// The abstract socket name of process `pid`'s broker started with `nonce`.
+pub fn broker_name(pid: u32, nonce: u32) -> String {
+    format!("hetmem-ipc-broker.{pid}.{nonce:08x}")
 }
 
 fn seqpacket() -> Result<OwnedFd, Errno> {
@@ -101,12 +121,18 @@ fn seqpacket() -> Result<OwnedFd, Errno> {
     )
 }
 
-/// Connects to process `pid`'s broker: `socket(AF_UNIX, SOCK_SEQPACKET)` + `connect(2)`.
+/// Connects to process `pid`'s broker (started with `nonce`): `socket(AF_UNIX,
+/// SOCK_SEQPACKET)` + `connect(2)`, then `getsockopt(SO_PEERCRED)`: the listener must be
+/// process `pid` running as our effective uid, else `EPERM` (nothing was sent).
 /// `ECONNREFUSED` means no such broker (the process is gone or never exported).
-pub fn connect_broker(pid: u32) -> Result<OwnedFd, Errno> {
+pub fn connect_broker(pid: u32, nonce: u32) -> Result<OwnedFd, Errno> {
     let s = seqpacket()?;
-    let addr = SocketAddrUnix::new_abstract_name(broker_name(pid).as_bytes())?;
+    let addr = SocketAddrUnix::new_abstract_name(broker_name(pid, nonce).as_bytes())?;
     rustix::net::connect(&s, &addr)?;
+    let cred = rustix::net::sockopt::socket_peercred(&s)?;
+    if cred.pid.as_raw_nonzero().get() as u32 != pid || cred.uid != rustix::process::geteuid() {
+        return Err(Errno::PERM);
+    }
     rustix::net::sockopt::set_socket_timeout(
         &s,
         rustix::net::sockopt::Timeout::Recv,
@@ -141,25 +167,49 @@ pub struct BrokerAnswer {
 /// The handler a broker runs for each request: the 64 request bytes and the peer's pid.
 pub type BrokerHandler = Arc<dyn Fn(&[u8; 64], u32) -> BrokerReply + Send + Sync>;
 
-static BROKER: OnceLock<Result<(), Errno>> = OnceLock::new();
+/// `(pid, nonce)` of the broker running in this process (the pid tells a forked child that
+/// the broker is its parent's). Only a started broker is recorded: a failure is retried.
+static BROKER: Mutex<Option<(u32, u32)>> = Mutex::new(None);
+/// Names tried before giving up when each is already taken.
+const BIND_ATTEMPTS: usize = 8;
 
-/// Starts this process's broker once (later calls return the first call's result): binds the
-/// abstract name of [`broker_name`]`(getpid())`, listens, and serves requests with `handler` on
-/// a thread named `hetmem-ipc-broker` for the rest of the process's life.
-pub fn start_broker(handler: impl FnOnce() -> BrokerHandler) -> Result<(), Errno> {
-    *BROKER.get_or_init(|| {
-        let handler = handler();
-        let s = seqpacket()?;
-        let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
-        let addr = SocketAddrUnix::new_abstract_name(broker_name(pid).as_bytes())?;
-        rustix::net::bind(&s, &addr)?;
-        rustix::net::listen(&s, 128)?;
-        std::thread::Builder::new()
-            .name("hetmem-ipc-broker".into())
-            .spawn(move || serve(s, handler))
-            .map_err(|_| Errno::AGAIN)?;
-        Ok(())
-    })
+/// Starts this process's broker unless it runs already, and returns its nonce: binds the
+/// abstract name [`broker_name`]`(getpid(), nonce)` with a random non-zero nonce (another
+/// nonce if the name is taken, [`BIND_ATTEMPTS`] times), listens, and serves requests with
+/// `handler` on a thread named `hetmem-ipc-broker` for the rest of the process's life.
+/// A failure is returned (with the last errno) and not remembered; the next call tries again.
+pub fn start_broker(handler: impl FnOnce() -> BrokerHandler) -> Result<u32, Errno> {
+    let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
+    let mut b = BROKER.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((p, nonce)) = *b {
+        if p == pid {
+            return Ok(nonce);
+        }
+    }
+    let s = seqpacket()?;
+    let mut last = Errno::ADDRINUSE;
+    let mut bound = None;
+    for _ in 0..BIND_ATTEMPTS {
+        let r = random_token()?;
+        let nonce = u32::from_le_bytes(r[..4].try_into().expect("4 bytes")).max(1);
+        let addr = SocketAddrUnix::new_abstract_name(broker_name(pid, nonce).as_bytes())?;
+        match rustix::net::bind(&s, &addr) {
+            Ok(()) => {
+                bound = Some(nonce);
+                break;
+            }
+            Err(e) => last = e,
+        }
+    }
+    let Some(nonce) = bound else { return Err(last) };
+    rustix::net::listen(&s, 128)?;
+    let handler = handler();
+    std::thread::Builder::new()
+        .name("hetmem-ipc-broker".into())
+        .spawn(move || serve(s, handler))
+        .map_err(|_| Errno::AGAIN)?;
+    *b = Some((pid, nonce));
+    Ok(nonce)
 }
 
 fn serve(listener: OwnedFd, handler: BrokerHandler) {
@@ -174,41 +224,118 @@ fn serve(listener: OwnedFd, handler: BrokerHandler) {
                 continue;
             }
         };
-        let _ = serve_one(conn.as_fd(), me, &handler);
+        // Strangers are dropped at once, before anything is read.
+        let cred = match rustix::net::sockopt::socket_peercred(&conn) {
+            Ok(c) if c.uid == me => c,
+            _ => continue,
+        };
+        // Bounded: a flood of peers of our uid cannot exhaust threads or fds.
+        let peer = cred.pid.as_raw_nonzero().get() as u32;
+        dispatch(conn, peer, &handler);
     }
 }
 
-fn serve_one(
-    conn: BorrowedFd<'_>,
-    me: rustix::process::Uid,
-    handler: &BrokerHandler,
-) -> Result<(), Errno> {
-    use rustix::net::sockopt::{set_socket_timeout, socket_peercred, Timeout};
-    set_socket_timeout(conn, Timeout::Recv, Some(PEER_TIMEOUT))?;
+/// The broker's worker pool: peers waiting for a worker, and the workers' counts.
+struct Pool {
+    queue: VecDeque<(OwnedFd, u32)>,
+    /// Workers alive (at most [`MAX_BROKER_PEERS`]).
+    workers: usize,
+    /// Workers waiting for a peer.
+    idle: usize,
+}
+
+static POOL: Mutex<Pool> = Mutex::new(Pool {
+    queue: VecDeque::new(),
+    workers: 0,
+    idle: 0,
+});
+static POOL_CV: Condvar = Condvar::new();
+/// How long a worker with nothing to do stays before it exits.
+pub const WORKER_IDLE: Duration = Duration::from_secs(2);
+
+fn pool() -> std::sync::MutexGuard<'static, Pool> {
+    POOL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Hands an accepted peer to an idle worker, or to a new one (at most [`MAX_BROKER_PEERS`]);
+/// drops it when every worker is busy.
+fn dispatch(conn: OwnedFd, peer: u32, handler: &BrokerHandler) {
+    let mut q = pool();
+    if q.idle > q.queue.len() {
+        q.queue.push_back((conn, peer));
+        POOL_CV.notify_one();
+        return;
+    }
+    if q.workers >= MAX_BROKER_PEERS {
+        return;
+    }
+    q.workers += 1;
+    q.queue.push_back((conn, peer));
+    let h = handler.clone();
+    let spawned = std::thread::Builder::new()
+        .name("hetmem-ipc-peer".into())
+        .spawn(move || worker(h));
+    if spawned.is_err() {
+        q.workers -= 1;
+        q.queue.pop_back();
+    }
+}
+
+fn worker(handler: BrokerHandler) {
+    loop {
+        let mut q = pool();
+        q.idle += 1;
+        let deadline = std::time::Instant::now() + WORKER_IDLE;
+        let (conn, peer) = loop {
+            if let Some(x) = q.queue.pop_front() {
+                q.idle -= 1;
+                break x;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                q.idle -= 1;
+                q.workers -= 1;
+                return;
+            }
+            q = POOL_CV
+                .wait_timeout(q, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        };
+        drop(q);
+        PEERS_ACTIVE.fetch_add(1, Ordering::AcqRel);
+        let _ = serve_one(conn.as_fd(), peer, &handler);
+        drop(conn);
+        PEERS_ACTIVE.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Number of broker peers being served now (for leak checks).
+pub fn broker_peers_active() -> usize {
+    PEERS_ACTIVE.load(Ordering::Acquire)
+}
+static PEERS_ACTIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// Number of broker worker threads alive now (idle ones exit after [`WORKER_IDLE`]).
+pub fn broker_workers() -> usize {
+    pool().workers
+}
+
+fn serve_one(conn: BorrowedFd<'_>, peer: u32, handler: &BrokerHandler) -> Result<(), Errno> {
+    use rustix::net::sockopt::{set_socket_timeout, Timeout};
+    set_socket_timeout(conn, Timeout::Recv, Some(REQUEST_TIMEOUT))?;
     set_socket_timeout(conn, Timeout::Send, Some(PEER_TIMEOUT))?;
-    let cred = socket_peercred(conn)?;
     let mut req = [0u8; 64];
     let (n, stray) = recv_fds(conn, &mut req, 1)?;
     drop(stray);
-    let reply = if cred.uid != me {
-        BrokerReply {
-            status: u32::MAX,
-            payload: format!(
-                "peer uid {} is not the exporter's uid {}",
-                cred.uid.as_raw(),
-                me.as_raw()
-            )
-            .into_bytes(),
-            fds: None,
-        }
-    } else if n != 64 {
+    let reply = if n != 64 {
         BrokerReply {
             status: u32::MAX - 1,
             payload: format!("request of {n} bytes, not a 64-byte handle").into_bytes(),
             fds: None,
         }
     } else {
-        handler(&req, cred.pid.as_raw_nonzero().get() as u32)
+        handler(&req, peer)
     };
     send_reply(conn, &reply)
 }
@@ -231,16 +358,18 @@ fn send_reply(conn: BorrowedFd<'_>, r: &BrokerReply) -> Result<(), Errno> {
     Ok(())
 }
 
-/// Asks process `pid`'s broker about `request` (a 64-byte handle) and collects the whole reply.
-/// `max_payload` and `max_fds` bound what the requester accepts (a broker announcing more is
-/// refused with `EMSGSIZE`).
+/// Asks process `pid`'s broker (started with `nonce`) about `request` (a 64-byte handle) and
+/// collects the whole reply. The request is sent only to a broker that [`connect_broker`]
+/// verified (`EPERM` otherwise). `max_payload` and `max_fds` bound what the requester accepts
+/// (a broker announcing more is refused with `EMSGSIZE`).
 pub fn broker_request(
     pid: u32,
+    nonce: u32,
     request: &[u8; 64],
     max_payload: usize,
     max_fds: usize,
 ) -> Result<BrokerAnswer, Errno> {
-    let s = connect_broker(pid)?;
+    let s = connect_broker(pid, nonce)?;
     send_fds(s.as_fd(), request, &[])?;
     let mut head = [0u8; 24];
     let (n, _) = recv_fds(s.as_fd(), &mut head, 1)?;
@@ -284,6 +413,12 @@ pub fn broker_request(
 pub fn fd_identity(fd: BorrowedFd<'_>) -> Option<(u64, u64, u64)> {
     let st = rustix::fs::fstat(fd).ok()?;
     Some((st.st_dev as u64, st.st_ino as u64, st.st_size as u64))
+}
+
+/// The seals of an fd: `fcntl(F_GET_SEALS)`. `EINVAL` for an fd that is not a memfd (or
+/// another file that supports sealing).
+pub fn fd_seals(fd: BorrowedFd<'_>) -> Result<rustix::fs::SealFlags, Errno> {
+    rustix::fs::fcntl_get_seals(fd)
 }
 
 /// A close-on-exec duplicate of `fd`: `fcntl(F_DUPFD_CLOEXEC)`.

@@ -1,0 +1,410 @@
+//! IPC security and robustness rules, across real processes where the rule is cross-process
+//! (the test binary re-executes itself; `HETMEM_IPC_SEC_CASE` selects the child's part).
+//!
+//! - the importer checks the broker's `SO_PEERCRED` before sending a token: a process squatting
+//!   a vanished exporter's broker name gets nothing and the open fails;
+//! - a broker that fails to start is not remembered: the next export starts it;
+//! - idle connections to the broker do not stall a real importer, and a flood is bounded;
+//! - the fd transport recognises the received fd by device and inode;
+//! - `import_system_memory` refuses IPC views and managed memory;
+//! - range handles: memory that is not reserved VA -> `InvalidArgument`, holes ->
+//!   `AddressNotFound`.
+
+mod ipc_common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hetmem::backend::host::ipc::{
+    broker_name, broker_peers_active, broker_workers, connect_broker, recv_fds, send_fds,
+    MAX_BROKER_PEERS, WORKER_IDLE,
+};
+use hetmem::backend::host::open_fd_count;
+use hetmem::{IpcHandle, IpcProperties};
+use ipc_common::*;
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+
+const CASE: &str = "HETMEM_IPC_SEC_CASE";
+
+/// The tests count process-wide things (fds, exports, broker peers): one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+const INVALID_ARGUMENT: u32 = 0x7800_0004;
+const ADDRESS_NOT_FOUND: u32 = 0x7800_0021;
+
+fn temp(name: &str) -> PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("hetmem-ipcsec-{}-{n}-{name}", std::process::id()))
+}
+
+struct Proc {
+    child: Child,
+    stdin: ChildStdin,
+    out: BufReader<ChildStdout>,
+}
+
+impl Proc {
+    fn spawn(case: &str, env: &[(&str, String)]) -> Proc {
+        let mut c = Command::new(std::env::current_exe().unwrap());
+        c.args(["--exact", "child", "--nocapture", "--test-threads=1", "-q"])
+            .env(CASE, case)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let mut child = c.spawn().expect("spawn child");
+        let stdin = child.stdin.take().unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Proc { child, stdin, out }
+    }
+    fn line(&mut self) -> String {
+        loop {
+            let mut l = String::new();
+            if self.out.read_line(&mut l).unwrap() == 0 {
+                panic!("child ended early: {:?}", self.child.wait());
+            }
+            if let Some(m) = l.strip_prefix('@') {
+                return m.trim().to_string();
+            }
+        }
+    }
+    fn say(&mut self, s: &str) {
+        writeln!(self.stdin, "{s}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+    fn finish(mut self) {
+        drop(self.stdin);
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "child failed: {st}");
+    }
+}
+
+fn env(k: &str) -> String {
+    std::env::var(k).unwrap_or_default()
+}
+
+fn read_handle(path: &str) -> IpcHandle {
+    let b = std::fs::read(path).unwrap();
+    IpcHandle::from_bytes(b.try_into().expect("64 bytes"))
+}
+
+/// FNV-1a over bytes 4..60 into 60..64 (the checksum catches corruption, not forgery).
+fn reseal(h: &mut IpcHandle) {
+    let mut x: u32 = 0x811c_9dc5;
+    for &b in &h.data[4..60] {
+        x ^= b as u32;
+        x = x.wrapping_mul(0x0100_0193);
+    }
+    h.data[60..64].copy_from_slice(&x.to_le_bytes());
+}
+
+#[test]
+fn child() {
+    let Ok(case) = std::env::var(CASE) else {
+        return;
+    };
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    match case.as_str() {
+        // Exports a 1 MiB allocation (pattern 0xabcd), writes the handle to FILE, sends its fd
+        // to SOCK if given, says @ready and exits when told.
+        "export" => {
+            let e = make_alloc(&ctx);
+            fill(e.ptr, e.size, 0xabcd);
+            let h = ctx.get_ipc_handle(e.ptr).unwrap();
+            std::fs::write(env("FILE"), h.as_bytes()).unwrap();
+            if !env("SOCK").is_empty() {
+                let s = UnixStream::connect(env("SOCK")).unwrap();
+                // SAFETY: the handle's fd is open in this process until put.
+                let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(h.fd()) };
+                send_fds(s.as_fd(), b"x", &[fd]).unwrap();
+            }
+            println!("@ready");
+            let mut l = String::new();
+            std::io::stdin().read_line(&mut l).unwrap();
+            ctx.put_ipc_handle(&h).unwrap();
+            e.destroy(&ctx);
+        }
+        // Opens the handle in FILE (bytes only) and checks the pattern.
+        "import" => {
+            let h = read_handle(&env("FILE"));
+            let t = Instant::now();
+            let p = ctx.open_ipc_handle(&h, 0).unwrap();
+            let took = t.elapsed();
+            assert_eq!(check(p, 1 << 20, 0xabcd), None);
+            ctx.close_ipc_handle(p).unwrap();
+            println!("@ok {}", took.as_millis());
+        }
+        // The first export finds no fd for the broker's socket; the second (limit restored)
+        // starts it.
+        "broker_start_fails" => {
+            let e = make_alloc(&ctx);
+            let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+            let highest = std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .filter_map(|d| d.ok()?.file_name().to_str()?.parse::<u64>().ok())
+                .max()
+                .unwrap();
+            rustix::process::setrlimit(
+                rustix::process::Resource::Nofile,
+                rustix::process::Rlimit {
+                    current: Some(highest + 16),
+                    maximum: lim.maximum,
+                },
+            )
+            .unwrap();
+            // Fill every free fd slot, then free one: room for the export's dup only, so the
+            // broker's socket() gets EMFILE.
+            let mut fillers = Vec::new();
+            while let Ok(f) = std::fs::File::open("/dev/null") {
+                fillers.push(f);
+            }
+            fillers.pop();
+            let first = ctx.get_ipc_handle(e.ptr);
+            drop(fillers);
+            rustix::process::setrlimit(rustix::process::Resource::Nofile, lim).unwrap();
+            let err = first.unwrap_err();
+            assert!(err.message().contains("IPC broker"), "{err}");
+            assert!(err.message().contains("tries again"), "{err}");
+            assert_eq!(hetmem::ipc::live_exports(), 0);
+            let h = ctx
+                .get_ipc_handle(e.ptr)
+                .expect("the failure was not cached");
+            let p = ctx.open_ipc_handle(&h, 0).unwrap();
+            ctx.close_ipc_handle(p).unwrap();
+            ctx.put_ipc_handle(&h).unwrap();
+            e.destroy(&ctx);
+            println!("@ok");
+        }
+        other => panic!("unknown case {other}"),
+    }
+}
+
+/// Binds the abstract name `name` as a squatter would, listening.
+fn squat(name: &str) -> OwnedFd {
+    let s = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    let addr = SocketAddrUnix::new_abstract_name(name.as_bytes()).unwrap();
+    rustix::net::bind(&s, &addr).expect("the vanished exporter's name is free");
+    rustix::net::listen(&s, 4).unwrap();
+    s
+}
+
+#[test]
+fn importer_checks_broker_peercred_so_a_name_squatter_never_receives_the_token() {
+    let _serial = serial();
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let file = temp("handle");
+    let mut c = Proc::spawn("export", &[("FILE", file.display().to_string())]);
+    assert_eq!(c.line(), "ready");
+    let mut h = read_handle(&file.display().to_string());
+    c.say("exit");
+    c.finish();
+    h.set_fd(-1);
+    let name = broker_name(h.exporter_pid().unwrap(), h.broker_nonce().unwrap());
+    // This process (same uid, another pid) takes the vanished exporter's name.
+    let listener = squat(&name);
+    let squatter = std::thread::spawn(move || {
+        let conn = rustix::net::accept_with(&listener, SocketFlags::CLOEXEC).unwrap();
+        let mut b = [0u8; 64];
+        // The importer hangs up without sending: 0 bytes.
+        recv_fds(conn.as_fd(), &mut b, 1).map(|(n, _)| n)
+    });
+    let e = ctx.open_ipc_handle(&h, 0).unwrap_err();
+    assert_eq!(e.ze_result(), INVALID_ARGUMENT, "{e}");
+    assert!(e.message().contains("SO_PEERCRED"), "{e}");
+    assert_eq!(squatter.join().unwrap(), Ok(0), "the squatter got bytes");
+    assert_eq!(hetmem::ipc::open_views(), 0);
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn broker_start_failure_is_not_cached_and_the_next_export_starts_it() {
+    let _serial = serial();
+    let mut c = Proc::spawn("broker_start_fails", &[]);
+    assert_eq!(c.line(), "ok");
+    c.finish();
+}
+
+#[test]
+fn idle_broker_connections_do_not_stall_a_real_importer_and_a_flood_is_bounded() {
+    let _serial = serial();
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let e = make_alloc(&ctx);
+    fill(e.ptr, e.size, 0xabcd);
+    let h = ctx.get_ipc_handle(e.ptr).unwrap();
+    let (pid, nonce) = (h.exporter_pid().unwrap(), h.broker_nonce().unwrap());
+    let fds0 = open_fd_count();
+    // Eight peers connect and never send (the old broker waited 5 s on each in turn).
+    let idle: Vec<OwnedFd> = (0..8)
+        .map(|_| connect_broker(pid, nonce).unwrap())
+        .collect();
+    let file = temp("handle");
+    std::fs::write(&file, h.as_bytes()).unwrap();
+    let t = Instant::now();
+    let mut c = Proc::spawn("import", &[("FILE", file.display().to_string())]);
+    let l = c.line();
+    c.finish();
+    assert!(l.starts_with("ok"), "{l}");
+    let open_ms: u64 = l[3..].parse().unwrap();
+    assert!(
+        open_ms < 900,
+        "the importer's open took {open_ms} ms behind 8 idle connections"
+    );
+    assert!(t.elapsed() < Duration::from_secs(10));
+    drop(idle);
+    // A flood: the broker serves at most MAX_BROKER_PEERS peers at once.
+    let flood: Vec<OwnedFd> = (0..MAX_BROKER_PEERS + 16)
+        .filter_map(|_| connect_broker(pid, nonce).ok())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while broker_peers_active() < MAX_BROKER_PEERS.min(flood.len()) && Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    assert!(broker_peers_active() <= MAX_BROKER_PEERS);
+    drop(flood);
+    // Peer threads end when their peer hangs up (or after the request timeout).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while broker_peers_active() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(broker_peers_active(), 0, "peers still being served");
+    // Idle workers exit after WORKER_IDLE: no thread stays behind.
+    let deadline = Instant::now() + WORKER_IDLE + Duration::from_secs(3);
+    while broker_workers() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(broker_workers(), 0, "broker worker threads left running");
+    assert_eq!(open_fd_count(), fds0, "fds left open");
+    ctx.put_ipc_handle(&h).unwrap();
+    e.destroy(&ctx);
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn fd_transport_matches_the_received_fd_by_device_and_inode() {
+    let _serial = serial();
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let file = temp("handle");
+    let sock = temp("sock");
+    let listener = UnixListener::bind(&sock).unwrap();
+    let mut c = Proc::spawn(
+        "export",
+        &[
+            ("FILE", file.display().to_string()),
+            ("SOCK", sock.display().to_string()),
+        ],
+    );
+    let (conn, _) = listener.accept().unwrap();
+    let mut b = [0u8; 1];
+    let (_, mut fds) = recv_fds(conn.as_fd(), &mut b, 1).unwrap();
+    let fd = fds.pop().unwrap();
+    assert_eq!(c.line(), "ready");
+    c.say("exit");
+    c.finish();
+    let mut h = read_handle(&file.display().to_string());
+    h.set_fd(fd.as_raw_fd());
+    // Same inode, another device number: not the exported memfd, so the (gone) broker is asked.
+    let mut other_dev = h;
+    other_dev.data[56] ^= 1;
+    reseal(&mut other_dev);
+    let e = ctx.open_ipc_handle(&other_dev, 0).unwrap_err();
+    assert_eq!(e.ze_result(), INVALID_ARGUMENT);
+    assert!(e.message().contains("is gone"), "{e}");
+    // Device and inode match: the fd itself is mapped.
+    let p = ctx.open_ipc_handle(&h, 0).unwrap();
+    assert_eq!(check(p, 1 << 20, 0xabcd), None);
+    ctx.close_ipc_handle(p).unwrap();
+    let _ = std::fs::remove_file(&file);
+    let _ = std::fs::remove_file(&sock);
+}
+
+#[test]
+fn import_system_memory_over_an_ipc_view_or_managed_memory_is_invalid_argument() {
+    let _serial = serial();
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let e = make_alloc(&ctx);
+    let h = ctx.get_ipc_handle(e.ptr).unwrap();
+    let v = ctx.open_ipc_handle(&h, 0).unwrap();
+    for (p, s) in [(v, 4096), (v + 8192, 4096), (v - 4096, 8192)] {
+        let err = ctx.import_system_memory(p, s, false).unwrap_err();
+        assert_eq!(err.ze_result(), INVALID_ARGUMENT, "{err}");
+        assert!(err.message().contains("IPC view"), "{err}");
+    }
+    ctx.close_ipc_handle(v).unwrap();
+    ctx.put_ipc_handle(&h).unwrap();
+    match ctx.alloc_managed(4 << 20, 1) {
+        Ok(m) => {
+            let err = ctx.import_system_memory(m + 4096, 4096, false).unwrap_err();
+            assert_eq!(err.ze_result(), INVALID_ARGUMENT, "{err}");
+            assert!(err.message().contains("managed allocation"), "{err}");
+            ctx.free_managed(m).unwrap();
+        }
+        Err(err) => assert_eq!(err.ze_result(), 0x7800_0003, "{err}"),
+    }
+    assert_eq!(ctx.driver().usm_stats().imports, 0);
+    e.destroy(&ctx);
+}
+
+#[test]
+fn range_handle_over_memory_that_is_not_reserved_va_is_invalid_argument_holes_address_not_found() {
+    let _serial = serial();
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let range = |p: usize, s: usize| {
+        ctx.get_ipc_handle_with_properties(
+            p,
+            &IpcProperties {
+                range_size: Some(s),
+                ..Default::default()
+            },
+        )
+    };
+    // A USM allocation, an IPC view, managed memory: InvalidArgument.
+    let e = make_alloc(&ctx);
+    assert_eq!(
+        range(e.ptr, 4096).unwrap_err().ze_result(),
+        INVALID_ARGUMENT
+    );
+    let h = ctx.get_ipc_handle(e.ptr).unwrap();
+    let v = ctx.open_ipc_handle(&h, 0).unwrap();
+    let err = range(v, 1 << 20).unwrap_err();
+    assert_eq!(err.ze_result(), INVALID_ARGUMENT, "{err}");
+    assert!(err.message().contains("IPC view"), "{err}");
+    ctx.close_ipc_handle(v).unwrap();
+    ctx.put_ipc_handle(&h).unwrap();
+    if let Ok(m) = ctx.alloc_managed(2 << 20, 1) {
+        let err = range(m, 2 << 20).unwrap_err();
+        assert_eq!(err.ze_result(), INVALID_ARGUMENT, "{err}");
+        assert!(err.message().contains("managed allocation"), "{err}");
+        ctx.free_managed(m).unwrap();
+    }
+    // Holes: an unmapped page of a reservation, and memory hetmem does not know (the heap).
+    let (r, hole) = make_range(&ctx);
+    let err = range(r.ptr, hole + K64 - r.ptr).unwrap_err();
+    assert_eq!(err.ze_result(), ADDRESS_NOT_FOUND, "{err}");
+    let heap = vec![0u8; 4 * 4096];
+    let p = (heap.as_ptr() as usize).next_multiple_of(4096);
+    assert_eq!(range(p, 4096).unwrap_err().ze_result(), ADDRESS_NOT_FOUND);
+    assert_eq!(hetmem::ipc::live_exports(), 0);
+    r.destroy(&ctx);
+    e.destroy(&ctx);
+}
