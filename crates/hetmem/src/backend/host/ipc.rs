@@ -175,7 +175,7 @@ const BIND_ATTEMPTS: usize = 8;
 
 /// Starts this process's broker unless it runs already, and returns its nonce: binds the
 /// abstract name [`broker_name`]`(getpid(), nonce)` with a random non-zero nonce (another
-/// nonce if the name is taken, [`BIND_ATTEMPTS`] times), listens, and serves requests with
+/// nonce if the name is taken, `BIND_ATTEMPTS` times), listens, and serves requests with
 /// `handler` on a thread named `hetmem-ipc-broker` for the rest of the process's life.
 /// A failure is returned (with the last errno) and not remembered; the next call tries again.
 pub fn start_broker(handler: impl FnOnce() -> BrokerHandler) -> Result<u32, Errno> {
