@@ -85,6 +85,7 @@ pub fn parse_bytes(s: &str) -> Result<u64> {
 pub struct RuntimeBuilder {
     backend: BackendKind,
     host: HostConfig,
+    ipc_max_range_pieces: usize,
 }
 
 impl RuntimeBuilder {
@@ -99,7 +100,8 @@ impl RuntimeBuilder {
         self
     }
     /// Capacity of each host-backend device in bytes; the largest single allocation becomes half
-    /// of it unless set after this call.
+    /// of it unless set after this call. 0 is refused by [`RuntimeBuilder::build`]
+    /// (`InvalidArgument`).
     pub fn host_device_memory(mut self, bytes: u64) -> Self {
         self.host.device_memory = bytes;
         self.host.max_alloc_size = (bytes / 2).max(1);
@@ -110,8 +112,22 @@ impl RuntimeBuilder {
         self.host.max_alloc_size = bytes;
         self
     }
+    /// Most `(physical object, offset, length)` pieces one IPC range handle of this driver
+    /// carries (`ze_ipc_phys_mem_handle_range_ext_desc_t`): exporting a range of more pieces is
+    /// `UnsupportedSize` naming the limit, and opening a range handle that claims more is
+    /// refused the same way. Default [`crate::ipc::DEFAULT_MAX_RANGE_PIECES`] (1 << 20); values
+    /// below 1 are taken as 1. See [`Driver::ipc_max_range_pieces`].
+    pub fn ipc_max_range_pieces(mut self, n: usize) -> Self {
+        self.ipc_max_range_pieces = n.max(1);
+        self
+    }
 
     /// The configuration from the environment (see the module docs), on top of the defaults.
+    ///
+    /// Errors: `InvalidArgument`, naming the variable and its value, for a `HETMEM_BACKEND`
+    /// that is not `host` or `cuda`, a `HETMEM_HOST_DEVICES` that is not a count, or a
+    /// `HETMEM_HOST_DEVICE_MEMORY` / `HETMEM_HOST_MAX_ALLOC` that is not a byte count (see
+    /// [`parse_bytes`]) or is 0. A device count of 0 is refused by [`RuntimeBuilder::build`].
     pub fn from_env() -> Result<RuntimeBuilder> {
         let mut b = Runtime::builder();
         if let Ok(v) = std::env::var("HETMEM_BACKEND") {
@@ -129,17 +145,45 @@ impl RuntimeBuilder {
                 b = b.host_device_memory(per.max(64 << 20));
             }
         }
-        if let Ok(v) = std::env::var("HETMEM_HOST_DEVICE_MEMORY") {
-            b = b.host_device_memory(parse_bytes(&v)?);
-        }
-        if let Ok(v) = std::env::var("HETMEM_HOST_MAX_ALLOC") {
-            b = b.host_max_alloc_size(parse_bytes(&v)?);
+        for var in ["HETMEM_HOST_DEVICE_MEMORY", "HETMEM_HOST_MAX_ALLOC"] {
+            let Ok(v) = std::env::var(var) else { continue };
+            let n = parse_bytes(&v)
+                .map_err(|e| Error::InvalidArgument(format!("{var}={v:?}: {}", e.message())))?;
+            if n == 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "{var}={v:?} is 0 bytes; it must be at least 1 byte"
+                )));
+            }
+            b = match var {
+                "HETMEM_HOST_DEVICE_MEMORY" => b.host_device_memory(n),
+                _ => b.host_max_alloc_size(n),
+            };
         }
         Ok(b)
     }
 
     /// Starts the runtime: makes the backend and its driver.
+    ///
+    /// Errors: `InvalidArgument` for a host backend with 0 devices, 0 bytes of device memory
+    /// or a largest single allocation of 0 bytes (the message names the value);
+    /// `Uninitialized` for the cuda backend, which is not part of this build yet.
     pub fn build(mut self) -> Result<Runtime> {
+        if self.backend == BackendKind::Host {
+            if self.host.device_memory == 0 {
+                return Err(Error::InvalidArgument(
+                    "host device memory is 0 bytes (host_device_memory(0) or \
+                     HETMEM_HOST_DEVICE_MEMORY=0); a host device needs memory"
+                        .into(),
+                ));
+            }
+            if self.host.max_alloc_size == 0 {
+                return Err(Error::InvalidArgument(
+                    "largest single allocation is 0 bytes (host_max_alloc_size(0) or \
+                     HETMEM_HOST_MAX_ALLOC=0)"
+                        .into(),
+                ));
+            }
+        }
         // The largest single allocation cannot exceed the device.
         self.host.max_alloc_size = self.host.max_alloc_size.min(self.host.device_memory);
         let backend: Box<dyn Backend> = match self.backend {
@@ -163,6 +207,7 @@ impl RuntimeBuilder {
             usm: RwLock::new(usm),
             inflight: crate::queue::InFlight::default(),
             managed,
+            ipc_max_range_pieces: self.ipc_max_range_pieces,
         });
         Ok(Runtime {
             driver: Driver { shared },
@@ -182,10 +227,15 @@ impl Runtime {
         RuntimeBuilder {
             backend: BackendKind::Host,
             host: HostConfig::default_for_machine(),
+            ipc_max_range_pieces: crate::ipc::DEFAULT_MAX_RANGE_PIECES,
         }
     }
 
     /// A runtime configured from the environment (`HETMEM_BACKEND`, `HETMEM_HOST_*`).
+    ///
+    /// Errors: those of [`RuntimeBuilder::from_env`] (`InvalidArgument` for a bad or 0 value)
+    /// and [`RuntimeBuilder::build`] (`InvalidArgument` for 0 devices, `Uninitialized` for
+    /// cuda).
     pub fn from_env() -> Result<Runtime> {
         RuntimeBuilder::from_env()?.build()
     }
@@ -214,6 +264,8 @@ pub(crate) struct DriverShared {
     pub(crate) inflight: crate::queue::InFlight,
     /// ACL managed memory ([`crate::managed`]); its own lock, never held with `usm` or `vm`.
     pub(crate) managed: crate::managed::ManagedState,
+    /// [`RuntimeBuilder::ipc_max_range_pieces`].
+    pub(crate) ipc_max_range_pieces: usize,
 }
 
 /// A driver (`ze_driver_handle_t`): one backend and its devices.

@@ -66,8 +66,10 @@
 //!   managed allocation of this driver, an IPC view opened in this process) -> `InvalidArgument`
 //!   naming it; otherwise any byte not mapped to a physical object (an unmapped page of a
 //!   reservation, or an address hetmem does not know at all) -> `AddressNotFound` naming the
-//!   first such byte; more than [`max_range_pieces`] pieces -> `UnsupportedSize` naming the
-//!   limit. The list is a snapshot.
+//!   first such byte; more than [`Driver::ipc_max_range_pieces`] pieces (a per-driver setting,
+//!   [`crate::RuntimeBuilder::ipc_max_range_pieces`]) -> `UnsupportedSize` naming the
+//!   limit; a physical object created with handle types that lack the asked ones ->
+//!   `UnsupportedFeature`. The list is a snapshot.
 //! - Open: flags over 0x3 -> `InvalidEnumeration`; a malformed, forged, stale or put handle, a
 //!   wrong token, or a vanished exporter -> `InvalidArgument` with a message saying which.
 //!   Every open maps a fresh view (distinct pointers); the fds it received are closed once
@@ -83,41 +85,29 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use crate::backend::host::ipc as transport;
-use crate::backend::{Backend, Protection, RawPhysical};
-use crate::driver::{Context, Device, DriverShared};
+use crate::backend::{AllocLocation, Backend, Protection, RawPhysical};
+use crate::driver::{Context, Device, Driver, DriverShared};
 use crate::error::{Addr, Error, Result};
 use crate::queue::InFlightRef;
 use crate::usm::{AllocDesc, MemoryType};
 use crate::vmm::{PhysicalMemory, PhysicalMemoryFlags};
 
-/// `ZE_MAX_IPC_HANDLE_SIZE`.
+/// `ZE_MAX_IPC_HANDLE_SIZE`: the size in bytes of `ze_ipc_mem_handle_t` (64).
 pub const IPC_HANDLE_SIZE: usize = 64;
 const MAGIC: &[u8; 4] = b"HMIP";
 const VERSION: u8 = 2;
-/// The default limit on pieces in a range handle (see [`max_range_pieces`]).
+/// The default of [`crate::RuntimeBuilder::ipc_max_range_pieces`]: most `(physical object,
+/// offset, length)` pieces one range handle carries (1 << 20, a 24 MiB piece list).
 pub const DEFAULT_MAX_RANGE_PIECES: usize = 1 << 20;
-static MAX_RANGE_PIECES: AtomicUsize = AtomicUsize::new(DEFAULT_MAX_RANGE_PIECES);
 
-/// Most `(physical object, offset, length)` pieces one range handle carries (1 << 20 unless
-/// changed); a larger range is `UnsupportedSize`.
-pub fn max_range_pieces() -> usize {
-    MAX_RANGE_PIECES.load(Ordering::Relaxed)
-}
-
-/// Changes [`max_range_pieces`] for this process (tests of the `UnsupportedSize` rule). Values
-/// below 1 are taken as 1.
-#[doc(hidden)]
-pub fn set_max_range_pieces(n: usize) {
-    MAX_RANGE_PIECES.store(n.max(1), Ordering::Relaxed);
-}
-
-/// `ze_ipc_memory_flags_t` bits: `ZE_IPC_MEMORY_FLAG_BIAS_CACHED`.
+/// `ze_ipc_memory_flags_t` bits (the `flags` of `zeMemOpenIpcHandle`):
+/// `ZE_IPC_MEMORY_FLAG_BIAS_CACHED`.
 pub const IPC_MEMORY_FLAG_BIAS_CACHED: u32 = 1 << 0;
 /// `ZE_IPC_MEMORY_FLAG_BIAS_UNCACHED`.
 pub const IPC_MEMORY_FLAG_BIAS_UNCACHED: u32 = 1 << 1;
@@ -134,7 +124,9 @@ pub enum IpcHandleKind {
     Range = 3,
 }
 
-/// `ze_ipc_mem_handle_type_flags_t`: which handle types memory must support.
+/// `ze_ipc_mem_handle_type_flags_t`, the `typeFlags` of `ze_ipc_mem_handle_type_ext_desc_t`
+/// (memory extensions, `ZE_extension_ipc_mem_handle_type`): which handle types memory must
+/// support, or which type a get asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct IpcHandleTypes(u32);
 
@@ -144,8 +136,9 @@ impl IpcHandleTypes {
     /// `ZE_IPC_MEM_HANDLE_TYPE_FLAG_FABRIC_ACCESSIBLE` (1 << 1): shareable over a fabric.
     pub const FABRIC_ACCESSIBLE: IpcHandleTypes = IpcHandleTypes(2);
 
-    /// Decodes the C flags: bits over 0x3 are `InvalidEnumeration`; 0 is taken as DEFAULT (the
-    /// spec is silent; zero-initialised descriptors are common).
+    /// Decodes the C flags (`typeFlags`): bits over 0x3 are `InvalidEnumeration` naming the
+    /// value; 0 is taken as DEFAULT (the spec is silent; zero-initialised descriptors are
+    /// common).
     pub fn from_raw(v: u32) -> Result<IpcHandleTypes> {
         match v {
             0 => Ok(IpcHandleTypes::DEFAULT),
@@ -170,7 +163,11 @@ const SUPPORTED_TYPES: IpcHandleTypes = IpcHandleTypes::DEFAULT;
 
 /// Checks handle types asked at creation (allocation, physical memory) or at get against what
 /// the backend supports (`supported`) and, at get, what the memory was created with
-/// (`created`). Errors: `UnsupportedFeature` naming the type.
+/// (`created`; `None`: no descriptor was chained at creation, any supported type goes).
+/// Spec: the note of `ze_ipc_mem_handle_type_ext_desc_t` (memory extensions): a type the driver
+/// cannot provide for that memory is `ZE_RESULT_ERROR_UNSUPPORTED_FEATURE`.
+///
+/// Errors: `UnsupportedFeature` naming the flags asked and those supported / created.
 pub fn check_handle_types(
     asked: IpcHandleTypes,
     supported: IpcHandleTypes,
@@ -239,11 +236,14 @@ impl IpcHandle {
     pub fn as_bytes(&self) -> &[u8; IPC_HANDLE_SIZE] {
         &self.data
     }
-    /// The fd in bytes 0..4 (valid in the exporter, or wherever it was sent and rewritten).
+    /// The fd number in bytes 0..4 (little endian; valid in the exporter, or wherever it was
+    /// sent and rewritten). Never fails; meaningless for bytes that are not a handle.
     pub fn fd(&self) -> i32 {
         i32::from_le_bytes(self.data[..4].try_into().expect("4 bytes"))
     }
-    /// Writes `fd` over bytes 0..4 (after receiving the exporter's fd with `SCM_RIGHTS`).
+    /// Writes fd number `fd` over bytes 0..4 (after receiving the exporter's fd with
+    /// `SCM_RIGHTS`); the rest of the handle (and its checksum, which skips bytes 0..4) is
+    /// unchanged.
     pub fn set_fd(&mut self, fd: i32) {
         self.data[..4].copy_from_slice(&fd.to_le_bytes());
     }
@@ -374,6 +374,9 @@ struct ExportRec {
     token: [u8; 16],
     kind: IpcHandleKind,
     context: u64,
+    /// The exporting driver (`Arc::as_ptr` of its shared state; its contexts keep it alive
+    /// while the export lives).
+    driver: usize,
     size: u64,
     fds: Arc<[OwnedFd]>,
     pieces: Arc<[Piece]>,
@@ -397,12 +400,13 @@ static EXPORTS: Mutex<BTreeMap<u32, ExportRec>> = Mutex::new(BTreeMap::new());
 static NEXT_EXPORT: AtomicU32 = AtomicU32::new(1);
 /// Views opened in this process (base -> record).
 static IMPORTS: Mutex<BTreeMap<usize, ImportRec>> = Mutex::new(BTreeMap::new());
-/// Handle types chained at creation, by allocation / physical-object id.
-static CREATED_TYPES: Mutex<Option<HashMap<u64, IpcHandleTypes>>> = Mutex::new(None);
 
 fn own_pid() -> u32 {
     rustix::process::getpid().as_raw_nonzero().get() as u32
 }
+
+/// Longest refusal message an importer accepts from a broker, in bytes.
+const REFUSAL_MAX: usize = 4096;
 
 /// Broker status codes (the semantics of a refusal).
 const ST_OK: u32 = 0;
@@ -536,8 +540,11 @@ fn fresh_export_id(live: &BTreeMap<u32, ExportRec>) -> u32 {
     }
 }
 
-/// Registers an export and makes its handle.
+/// Registers an export of `context` of driver `driver` (its `DriverShared` address) and makes
+/// its handle.
+#[allow(clippy::too_many_arguments)]
 fn register(
+    driver: usize,
     context: u64,
     kind: IpcHandleKind,
     mem: MemoryType,
@@ -576,6 +583,7 @@ fn register(
             token,
             kind,
             context,
+            driver,
             size: size as u64,
             fds: fds.into(),
             pieces: pieces.into(),
@@ -601,7 +609,11 @@ fn dup_all(fds: &[OwnedFd]) -> Result<Vec<OwnedFd>> {
         .collect()
 }
 
-fn material(h: &Decoded, handle: &IpcHandle) -> Result<Material> {
+/// What opening `handle` maps: from this process's own export, from the fd in bytes 0..4, or
+/// from the exporter's broker. `max_pieces` is the opening driver's
+/// [`Driver::ipc_max_range_pieces`]: a range handle claiming more is `UnsupportedSize`, and the
+/// broker's answer is bounded by the pieces the handle claims.
+fn material(h: &Decoded, handle: &IpcHandle, max_pieces: usize) -> Result<Material> {
     if h.pid == own_pid() {
         let ex = EXPORTS.lock();
         let rec = ex.get(&h.id).ok_or_else(|| {
@@ -658,13 +670,21 @@ fn material(h: &Decoded, handle: &IpcHandle) -> Result<Material> {
         }
     }
     // The bytes-only transport: ask the exporter's broker.
-    let max_pieces = max_range_pieces();
+    if h.pieces as usize > max_pieces {
+        return Err(Error::UnsupportedSize(format!(
+            "the handle claims {} pieces; this driver opens range handles of at most \
+             {max_pieces} (RuntimeBuilder::ipc_max_range_pieces)",
+            h.pieces
+        )));
+    }
+    // The answer is bounded by what the handle claims (a refusal's message by 4 KiB).
+    let pieces = (h.pieces as usize).max(1);
     let reply = transport::broker_request(
         h.pid,
         h.nonce,
         &handle.data,
-        16 + 24 * max_pieces,
-        max_pieces,
+        (16 + 24 * pieces).max(REFUSAL_MAX),
+        pieces,
     )
     .map_err(|e| {
         if e == rustix::io::Errno::PERM {
@@ -896,30 +916,68 @@ pub(crate) fn release_context(d: &DriverShared, context: u64) {
     EXPORTS.lock().retain(|_, r| r.context != context);
 }
 
-/// Number of live exports of this process (handles got and not put), for leak checks.
+/// Number of live exports of this process, all drivers (handles got and not put), for leak
+/// checks. Per driver: [`Driver::ipc_stats`].
 pub fn live_exports() -> usize {
     EXPORTS.lock().len()
 }
 
-/// Number of views opened in this process and not closed, for leak checks.
+/// Number of views opened in this process and not closed, all drivers, for leak checks. Per
+/// driver: [`Driver::ipc_stats`].
 pub fn open_views() -> usize {
     IMPORTS.lock().len()
 }
 
-fn record_created(id: u64, types: IpcHandleTypes) {
-    CREATED_TYPES
-        .lock()
-        .get_or_insert_with(HashMap::new)
-        .insert(id, types);
+/// Counters of one driver's IPC state ([`Driver::ipc_stats`]), for checks and leak tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IpcStats {
+    /// Live exports of the driver's contexts: handles got (`zeMemGetIpcHandle*`) and not put
+    /// (`zeMemPutIpcHandle`) while their context lives.
+    pub exports: usize,
+    /// Views opened (`zeMemOpenIpcHandle`) in the driver's contexts and not closed.
+    pub views: usize,
+    /// Live allocations created with a handle-type descriptor chained (their types are kept on
+    /// the allocation's record and go with it).
+    pub typed_allocations: usize,
+    /// Live physical memory objects created with a handle-type descriptor chained.
+    pub typed_physical: usize,
 }
 
-fn created_types(id: u64) -> Option<IpcHandleTypes> {
-    CREATED_TYPES.lock().as_ref()?.get(&id).copied()
+impl Driver {
+    /// Counters of this driver's IPC state: live exports, open views, and memory with recorded
+    /// handle types. Not a Level Zero call. Takes the driver's locks for reading; never fails.
+    pub fn ipc_stats(&self) -> IpcStats {
+        let d = &self.shared;
+        let me = Arc::as_ptr(d) as usize;
+        // Lock order: usm before vm before the view table.
+        let typed_allocations = d.usm.read().ipc_typed();
+        let typed_physical = d.vm.read().ipc_typed();
+        let views = IMPORTS.lock().values().filter(|r| r.driver == me).count();
+        let exports = EXPORTS.lock().values().filter(|r| r.driver == me).count();
+        IpcStats {
+            exports,
+            views,
+            typed_allocations,
+            typed_physical,
+        }
+    }
+
+    /// Most `(physical object, offset, length)` pieces one range handle of this driver carries
+    /// ([`crate::RuntimeBuilder::ipc_max_range_pieces`]; default
+    /// [`DEFAULT_MAX_RANGE_PIECES`]). Not a Level Zero call.
+    pub fn ipc_max_range_pieces(&self) -> usize {
+        self.shared.ipc_max_range_pieces
+    }
 }
 
 impl Context {
-    /// `zeMemGetIpcHandle`: a handle for the allocation containing `ptr`, or for the physical
-    /// object mapped at `ptr` in a reservation. See [`Context::get_ipc_handle_with_properties`].
+    /// `zeMemGetIpcHandle`: a handle for the allocation containing `ptr` (any byte of it; the
+    /// view is the allocation's page-rounded size in bytes), or for the whole physical object
+    /// mapped at `ptr` in a reservation.
+    ///
+    /// Errors: `InvalidNullPointer` for null; `InvalidArgument` for a pointer in no allocation
+    /// of this context and no mapped page, or in imported system memory; as
+    /// [`Context::get_ipc_handle_with_properties`] otherwise. Nothing changes on error.
     pub fn get_ipc_handle(&self, ptr: usize) -> Result<IpcHandle> {
         self.get_ipc_handle_with_properties(ptr, &IpcProperties::default())
     }
@@ -938,7 +996,12 @@ impl Context {
     /// USM allocation or import, a managed allocation, an opened IPC view),
     /// `AddressNotFound` naming the first byte not mapped to a physical object (an unmapped
     /// page of a reservation, or an address hetmem does not know), `UnsupportedSize` past
-    /// [`max_range_pieces`] pieces. Nothing changes on error.
+    /// [`Driver::ipc_max_range_pieces`] pieces, `UnsupportedFeature` if a physical object in
+    /// the range was created with handle types that do not include the asked ones. Nothing
+    /// changes on error (no export, no fd, no broker traffic).
+    ///
+    /// Units: `ptr` is an address, `props.range_size` bytes; the handle's view size is the
+    /// allocation's page-rounded span, the whole physical object, or exactly the range size.
     pub fn get_ipc_handle_with_properties(
         &self,
         ptr: usize,
@@ -950,12 +1013,12 @@ impl Context {
         let asked = props.handle_types.unwrap_or(IpcHandleTypes::DEFAULT);
         check_handle_types(asked, SUPPORTED_TYPES, None)?;
         if let Some(size) = props.range_size {
-            return self.export_range(ptr, size);
+            return self.export_range(ptr, size, asked);
         }
         let drv = self.driver();
         let d = &drv.shared;
         let usm = d.usm.read();
-        if let Some((base, span, kind, id, ctx, raw)) = usm.ipc_source(ptr) {
+        if let Some((_, span, kind, _, ctx, raw)) = usm.ipc_source(ptr) {
             if ctx != self.id() {
                 return Err(Error::InvalidArgument(format!(
                     "{} is an allocation of another context",
@@ -968,11 +1031,11 @@ impl Context {
                     Addr(ptr)
                 )));
             };
-            check_handle_types(asked, SUPPORTED_TYPES, created_types(id))?;
+            check_handle_types(asked, SUPPORTED_TYPES, usm.ipc_types(ptr))?;
             let fd = d.backend.export_allocation(raw)?;
             drop(usm);
-            let _ = base;
             return register(
+                Arc::as_ptr(d) as usize,
                 self.id(),
                 IpcHandleKind::Allocation,
                 kind,
@@ -996,11 +1059,23 @@ impl Context {
         }
     }
 
-    /// A handle for physical memory object `phys` (`zeMemGetIpcHandleWithProperties` with the
-    /// physical memory handle as the pointer). The importer's view is the whole object.
+    /// A handle for the whole physical memory object `phys` (`phys.size` bytes; the importer's
+    /// view is the whole object, whether or not it is mapped anywhere).
     ///
-    /// Errors: `InvalidArgument` for an object that is not live in this context; handle types
-    /// as [`Context::get_ipc_handle_with_properties`].
+    /// Spec: Level Zero 1.18 has no IPC call that takes a `ze_physical_mem_handle_t` (the
+    /// handle is used by `zePhysicalMemGetProperties`, `zePhysicalMemDestroy` and
+    /// `zeVirtualMemMap` only); this is issue 4's "IPC handle for a physical memory object",
+    /// with the rules of `zeMemGetIpcHandleWithProperties` on a pointer into a mapping of the
+    /// object (which exports the same thing) and the handle-type descriptor
+    /// `ze_ipc_mem_handle_type_ext_desc_t` (memory extensions; chained at `zePhysicalMemCreate`,
+    /// see [`Context::create_physical_memory_with_ipc_types`]). The spec's nearest route is
+    /// `zePhysicalMemGetProperties` with `ze_external_memory_export_fd_t` plus
+    /// `zeMemGetIpcHandleFromFileDescriptorExp`.
+    ///
+    /// Errors: `InvalidArgument` for an object that is not live in this context;
+    /// `InvalidEnumeration` / `UnsupportedFeature` for handle types as
+    /// [`Context::get_ipc_handle_with_properties`] (FABRIC_ACCESSIBLE; a type not chained at
+    /// creation). Nothing changes on error.
     pub fn get_physical_memory_ipc_handle(
         &self,
         phys: PhysicalMemory,
@@ -1023,10 +1098,11 @@ impl Context {
                 )))
             }
         };
-        check_handle_types(asked, SUPPORTED_TYPES, created_types(id))?;
+        check_handle_types(asked, SUPPORTED_TYPES, vm.physical_ipc_types(id))?;
         let fd = d.backend.export_physical(raw)?;
         drop(vm);
         register(
+            Arc::as_ptr(d) as usize,
             self.id(),
             IpcHandleKind::Physical,
             location_type(loc),
@@ -1040,7 +1116,9 @@ impl Context {
         )
     }
 
-    fn export_range(&self, ptr: usize, size: usize) -> Result<IpcHandle> {
+    /// The range export of [`Context::get_ipc_handle_with_properties`]; `asked` has passed the
+    /// backend check and is checked against every object's types here.
+    fn export_range(&self, ptr: usize, size: usize, asked: IpcHandleTypes) -> Result<IpcHandle> {
         if size == 0 {
             return Err(Error::InvalidSize("IPC range size is 0".into()));
         }
@@ -1105,7 +1183,7 @@ impl Context {
                 Addr(hole)
             ))
         })?;
-        let limit = max_range_pieces();
+        let limit = d.ipc_max_range_pieces;
         if runs.len() > limit {
             return Err(Error::UnsupportedSize(format!(
                 "IPC range [{}, {}) has {} mapped pieces; a range handle carries at most {limit}",
@@ -1138,6 +1216,15 @@ impl Context {
                             )))
                         }
                     };
+                    check_handle_types(asked, SUPPORTED_TYPES, vm.physical_ipc_types(phys))
+                        .map_err(|e| {
+                            Error::UnsupportedFeature(format!(
+                                "IPC range [{}, {}) maps physical memory {phys}: {}",
+                                Addr(ptr),
+                                Addr(end),
+                                e.message()
+                            ))
+                        })?;
                     fds.push(d.backend.export_physical(raw)?);
                     let i = (fds.len() - 1) as u32;
                     index.insert(phys, i);
@@ -1151,7 +1238,15 @@ impl Context {
             });
         }
         drop(vm);
-        register(self.id(), IpcHandleKind::Range, mem, size, fds, pieces)
+        register(
+            Arc::as_ptr(d) as usize,
+            self.id(),
+            IpcHandleKind::Range,
+            mem,
+            size,
+            fds,
+            pieces,
+        )
     }
 
     /// `zeMemOpenIpcHandle`: maps what `handle` shares into a fresh range of this process and
@@ -1160,10 +1255,15 @@ impl Context {
     /// BIAS_UNCACHED: accepted, no effect on the host backend). The view stays valid until
     /// [`Context::close_ipc_handle`], even if the exporter frees the memory or exits.
     ///
+    /// Units: the view is the handle's size in bytes ([`IpcHandle::size`]), aligned to the
+    /// driver's page size for that size.
+    ///
     /// Errors: `InvalidEnumeration` for flags over 0x3; `InvalidArgument` for bytes that are
     /// not a handle, a handle that was put or whose context is gone, a wrong token, a vanished
-    /// exporter (for a handle the fd transport cannot serve); `OutOfHostMemory` if the OS
-    /// refuses.
+    /// exporter (for a handle the fd transport cannot serve), a received fd that is not a
+    /// sealed memfd large enough; `UnsupportedSize` for a range handle claiming more pieces
+    /// than this driver's [`Driver::ipc_max_range_pieces`]; `OutOfHostMemory` if the OS
+    /// refuses. Nothing changes on error (no view, no fd kept).
     pub fn open_ipc_handle(&self, handle: &IpcHandle, flags: u32) -> Result<usize> {
         if flags > (IPC_MEMORY_FLAG_BIAS_CACHED | IPC_MEMORY_FLAG_BIAS_UNCACHED) {
             return Err(Error::InvalidEnumeration(format!(
@@ -1171,10 +1271,10 @@ impl Context {
             )));
         }
         let h = decode(handle)?;
-        let m = material(&h, handle)?;
-        validate(&m)?;
         let drv = self.driver();
         let d = &drv.shared;
+        let m = material(&h, handle, d.ipc_max_range_pieces)?;
+        validate(&m)?;
         let align = d.vm.read().page_size(m.size);
         let size = m.size;
         let base = map_view(d.backend.as_ref(), align, m)?;
@@ -1196,8 +1296,9 @@ impl Context {
     /// `ptr`. No fd stays open for a view, so nothing else is released. Blocks until no queued
     /// or running copy or fill references the view (waiting with no lock held).
     ///
-    /// Errors: `InvalidNullPointer` for null; `InvalidArgument` for a pointer that is not an
-    /// open view of this context.
+    /// Errors: `InvalidNullPointer` for null; `InvalidArgument` for a pointer that is not the
+    /// start of an open view of this context (interior pointers, closed views, other
+    /// contexts' views, any other memory). Nothing changes on error.
     pub fn close_ipc_handle(&self, ptr: usize) -> Result<()> {
         if ptr == 0 {
             return Err(Error::InvalidNullPointer("pointer to close is null".into()));
@@ -1235,8 +1336,9 @@ impl Context {
     /// `zeMemPutIpcHandle`: releases what the export of `handle` holds (its fds; the memory
     /// goes once nothing else holds it). Views already opened stay valid; later opens fail.
     ///
-    /// Errors: `InvalidArgument` for bytes that are not a handle, a handle exported by another
-    /// process or context, or one already put.
+    /// Errors: `InvalidArgument` for bytes that are not a handle (forged, corrupted), a handle
+    /// exported by another process or context, one already put, or one whose context is gone.
+    /// Nothing changes on error.
     pub fn put_ipc_handle(&self, handle: &IpcHandle) -> Result<()> {
         let h = decode(handle)?;
         if h.pid != own_pid() {
@@ -1271,9 +1373,13 @@ impl Context {
     /// `zeMemAllocDevice` with `ze_ipc_mem_handle_type_ext_desc_t` chained: as
     /// [`Context::alloc_device`], recording the handle types the memory must support.
     ///
-    /// Errors: as [`Context::alloc_device`]; `InvalidEnumeration` / `UnsupportedFeature` for
-    /// the types (FABRIC_ACCESSIBLE is not supported on the host backend), before anything is
-    /// allocated.
+    /// The types are kept on the allocation's record (under the same lock as the allocation,
+    /// so no get can see it without them) and go with it ([`IpcStats::typed_allocations`]).
+    /// Units, alignment: as [`Context::alloc_device`].
+    ///
+    /// Errors: as [`Context::alloc_device`]; `UnsupportedFeature` for FABRIC_ACCESSIBLE (not
+    /// supported on the host backend), before anything is allocated (decode C flags with
+    /// [`IpcHandleTypes::from_raw`]: `InvalidEnumeration` over 0x3).
     pub fn alloc_device_with_ipc_types(
         &self,
         device: &Device,
@@ -1281,35 +1387,46 @@ impl Context {
         types: IpcHandleTypes,
     ) -> Result<usize> {
         check_handle_types(types, SUPPORTED_TYPES, None)?;
-        let p = self.alloc_device(device, desc)?;
-        self.record_alloc_types(p, types);
-        Ok(p)
+        self.check_device(device)?;
+        self.alloc_typed(AllocLocation::Device(device.ordinal()), desc, types)
     }
 
-    /// `zeMemAllocHost` with `ze_ipc_mem_handle_type_ext_desc_t` chained; see
-    /// [`Context::alloc_device_with_ipc_types`].
+    /// `zeMemAllocHost` with `ze_ipc_mem_handle_type_ext_desc_t` chained: as
+    /// [`Context::alloc_host`] (units, alignment), recording the handle types on the
+    /// allocation's record as [`Context::alloc_device_with_ipc_types`] does.
+    ///
+    /// Errors: as [`Context::alloc_host`]; `UnsupportedFeature` for FABRIC_ACCESSIBLE, before
+    /// anything is allocated.
     pub fn alloc_host_with_ipc_types(
         &self,
         desc: &AllocDesc,
         types: IpcHandleTypes,
     ) -> Result<usize> {
         check_handle_types(types, SUPPORTED_TYPES, None)?;
-        let p = self.alloc_host(desc)?;
-        self.record_alloc_types(p, types);
+        self.alloc_typed(AllocLocation::Host, desc, types)
+    }
+
+    /// Allocates and records the handle types under one hold of the USM lock.
+    fn alloc_typed(
+        &self,
+        location: AllocLocation,
+        desc: &AllocDesc,
+        types: IpcHandleTypes,
+    ) -> Result<usize> {
+        let d = self.driver_shared();
+        let mut usm = d.usm.write();
+        let p = usm.alloc(d.backend.as_ref(), self.id(), location, desc)?;
+        usm.set_ipc_types(self.id(), p, types);
         Ok(p)
     }
 
-    fn record_alloc_types(&self, ptr: usize, types: IpcHandleTypes) {
-        if let Some((_, _, _, id, _, _)) = self.driver().shared.usm.read().ipc_source(ptr) {
-            record_created(id, types);
-        }
-    }
-
     /// `zePhysicalMemCreate` with `ze_ipc_mem_handle_type_ext_desc_t` chained: as
-    /// [`Context::create_physical_memory`], recording the handle types.
+    /// [`Context::create_physical_memory`], recording the handle types on the object's record
+    /// (under the same lock; they go with the object, [`IpcStats::typed_physical`]). Units:
+    /// `size` in bytes, as [`Context::create_physical_memory`].
     ///
-    /// Errors: as [`Context::create_physical_memory`]; `InvalidEnumeration` /
-    /// `UnsupportedFeature` for the types, before anything is created.
+    /// Errors: as [`Context::create_physical_memory`]; `UnsupportedFeature` for
+    /// FABRIC_ACCESSIBLE, before anything is created.
     pub fn create_physical_memory_with_ipc_types(
         &self,
         device: Option<&Device>,
@@ -1318,8 +1435,19 @@ impl Context {
         types: IpcHandleTypes,
     ) -> Result<PhysicalMemory> {
         check_handle_types(types, SUPPORTED_TYPES, None)?;
-        let p = self.create_physical_memory(device, flags, size)?;
-        record_created(p.id, types);
+        if let Some(dev) = device {
+            self.check_device(dev)?;
+        }
+        let d = self.driver_shared();
+        let mut vm = d.vm.write();
+        let p = vm.create_physical(
+            d.backend.as_ref(),
+            self.id(),
+            device.map(|x| x.ordinal()),
+            flags,
+            size,
+        )?;
+        vm.set_physical_ipc_types(self.id(), p.id, types);
         Ok(p)
     }
 }

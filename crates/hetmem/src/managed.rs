@@ -55,7 +55,9 @@
 //! not 2 MiB-aligned where alignment is required is 107008 (`UnsupportedAlignment`). A platform
 //! without userfaultfd is 207000 (`UnsupportedFeature`); memory exhaustion 207001. Checks run in
 //! that order: pointer, size, range, alignment, enumerations, locations. A failed call changes
-//! nothing and leaves later calls working.
+//! nothing and leaves later calls working: each call decides every refusal (arguments, advice
+//! rules, device room) before it moves a page, and records advice only once its pages have
+//! moved.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -123,7 +125,7 @@ impl Advice {
             }
         })
     }
-    /// The ACL value.
+    /// The ACL value (`aclrtMemManagedAdviseType`, 0..=5).
     pub fn raw(self) -> u32 {
         self as u32
     }
@@ -242,7 +244,8 @@ impl RangeAttribute {
     ];
 }
 
-/// The NUMA nodes of this machine (`/sys/devices/system/node/node<N>`); `[0]` if none listed.
+/// The NUMA nodes of this machine (`/sys/devices/system/node/node<N>`), ascending; `[0]` if
+/// none listed. The ids `ACL_MEM_LOCATIONTYPE_HOST_NUMA` accepts. Never fails.
 pub fn numa_nodes() -> Vec<u32> {
     let mut v: Vec<u32> = std::fs::read_dir("/sys/devices/system/node")
         .map(|d| {
@@ -260,7 +263,8 @@ pub fn numa_nodes() -> Vec<u32> {
     v
 }
 
-/// The NUMA node of the CPU the calling thread runs on (`getcpu(2)`); 0 if unknown.
+/// The NUMA node of the CPU the calling thread runs on (`getcpu(2)`); 0 if unknown. What
+/// `ACL_MEM_LOCATIONTYPE_HOST_NUMA_CURRENT` resolves to when a call is made. Never fails.
 pub fn current_numa_node() -> u32 {
     let mut cpu: libc::c_uint = 0;
     let mut node: libc::c_uint = 0;
@@ -835,9 +839,13 @@ impl Core {
     /// as [`Core::ensure_device`] page by page; pages that only move (writable on the host, no
     /// other copy) have their bookkeeping done at once and their bytes moved in batches, so the
     /// platform can overlap page-table updates with copies. A batch is flushed before any
-    /// eviction (a victim is never a page whose bytes have not arrived) and at the end.
+    /// eviction (a victim is never a page whose bytes have not arrived) and at the end. Fails
+    /// with nothing moved if `d` cannot take a single page ([`Core::check_room_one_by_one`]).
     fn prefetch_to_device(&self, st: &mut State, ptr: usize, size: usize, d: u32) -> Result<()> {
         let di = d as usize;
+        // A device that cannot take even one page fails the prefetch before anything moves.
+        let pages: Vec<usize> = (ptr..ptr + size).step_by(PAGE).collect();
+        self.check_room_one_by_one(st, d, &pages, "a prefetch")?;
         let mut pending: Vec<(usize, usize)> = Vec::new();
         let flush = |pending: &mut Vec<(usize, usize)>| -> Result<()> {
             // SAFETY: every pending page is present on the host and its mirror page is mapped.
@@ -1035,6 +1043,68 @@ impl Core {
         }
         self.touch(st, addr, d);
         Ok(changed)
+    }
+
+    /// Pages device `d` can take now, one after the other, without failing: its free capacity
+    /// plus the managed pages [`Core::take_slot`] may evict (unpinned, outside `keep`).
+    fn room_pages(&self, st: &State, d: u32, keep: std::ops::Range<usize>) -> u64 {
+        let di = d as usize;
+        let free = self
+            .devmem
+            .capacity(di)
+            .saturating_sub(self.devmem.used(di))
+            / PAGE as u64;
+        let evictable = st.lru[di]
+            .iter()
+            .filter(|&&(_, a)| !keep.contains(&a) && self.page_ref(st, a).pins == 0)
+            .count() as u64;
+        free + evictable
+    }
+
+    /// Before an operation that brings `pages` to device `d` one at a time (each keeping only
+    /// itself from eviction, as a prefetch does): fails, with nothing changed, if one of them
+    /// would need a slot that `d` cannot give. Once one page has a slot, every later page can
+    /// evict it (or another unpinned page), so room for one is room for all.
+    ///
+    /// Errors: `OutOfDeviceMemory` (207001) naming `what`, the device and its use.
+    fn check_room_one_by_one(&self, st: &State, d: u32, pages: &[usize], what: &str) -> Result<()> {
+        let need = pages
+            .iter()
+            .any(|&a| self.page_ref(st, a).slots[d as usize].is_none());
+        if need && self.room_pages(st, d, 0..0) == 0 {
+            return Err(Error::OutOfDeviceMemory(format!(
+                "{what} to device {d}: the device is full ({:#x} of {:#x} bytes used) and holds \
+                 no managed page that can be evicted",
+                self.devmem.used(d as usize),
+                self.devmem.capacity(d as usize)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Takes back the read-only host copies a failed `SET_READ_MOSTLY` made: `(page, true)`
+    /// was installed (dropped again; another copy holds its bytes), `(page, false)` was only
+    /// write-protected (made writable again). The caller restores the counters.
+    fn undo_read_only_copies(&self, st: &mut State, done: &[(usize, bool)]) {
+        for &(a, installed) in done {
+            // SAFETY: present pages of ours; an installed copy duplicates a device copy.
+            let r = unsafe {
+                if installed {
+                    self.ops.host_drop(a, PAGE)
+                } else {
+                    self.ops.host_protect(a, PAGE, false)
+                }
+            };
+            if let Err(e) = r {
+                tracing::error!("undoing SET_READ_MOSTLY at {a:#x}: {e}");
+                continue;
+            }
+            let p = self.page_mut(st, a);
+            p.host_ro = false;
+            if installed {
+                p.host = false;
+            }
+        }
     }
 
     /// Moves or copies `addr`'s page to `loc` as a prefetch / advice does.
@@ -1378,7 +1448,9 @@ impl Stream {
     }
 
     /// Stream-ordered `aclrtMemsetAsync`: `count` bytes at `ptr` (inside one managed
-    /// allocation) set to `value`, by the stream's device.
+    /// allocation; any alignment) set to `value`, by the stream's device (the pages migrate
+    /// there first). Run-time errors (e.g. `OutOfDeviceMemory` when the device is full of
+    /// pages in use by running work) are reported by [`Stream::synchronize`].
     ///
     /// Errors (nothing queued): `InvalidNullPointer` (100000); `AddressNotFound` (107000) for
     /// a range not inside one managed allocation.
@@ -1402,7 +1474,8 @@ impl Stream {
         Ok(())
     }
 
-    /// Launches device work that uses `buffers` (`(ptr, len, write)`, each inside one managed
+    /// Launches device work (what `aclrtLaunchKernel` runs; hetmem's stand-in for a kernel)
+    /// that uses `buffers` (`(ptr, len, write)` in bytes, any alignment, each inside one managed
     /// allocation): when the stream reaches it, every page of every buffer is migrated to the
     /// stream's device (written buffers exclusively) and **pinned** there, then `work` runs on
     /// the device's engine, with no lock held, with the device address of each buffer,
@@ -1567,7 +1640,9 @@ impl Context {
     /// of this context. Its pages leave every device at once. Stream work queued on it and not
     /// yet run reports `AddressNotFound` at synchronize.
     ///
-    /// Errors: `InvalidNullPointer` (100000); `AddressNotFound` (107000) for any other pointer.
+    /// Errors (nothing freed): `InvalidNullPointer` (100000); `AddressNotFound` (107000) for any
+    /// other pointer (interior, unknown, freed, another context's); `UnsupportedFeature`
+    /// (207000) where managed memory is unavailable.
     pub fn free_managed(&self, ptr: usize) -> Result<()> {
         if ptr == 0 {
             return Err(Error::InvalidNullPointer("pointer is null".into()));
@@ -1589,7 +1664,11 @@ impl Context {
         Ok(())
     }
 
-    /// Whether `ptr` is inside managed memory of this driver.
+    /// Whether the byte at `ptr` is inside a live managed allocation of this driver (any
+    /// context): the "pointer inside managed memory" check of `aclrtMemManagedAdvise`,
+    /// `aclrtMemManagedPrefetchAsync` and `aclrtMemManagedGetAttr` (107000 when false), as a
+    /// query of hetmem's own (the spec has no call for it). Any alignment; never fails (false
+    /// before the first managed allocation).
     pub fn is_managed(&self, ptr: usize) -> bool {
         let d = self.driver_shared();
         d.managed
@@ -1598,9 +1677,12 @@ impl Context {
     }
 
     /// Host-synchronous `aclrtMemset`: sets `count` bytes at `ptr` (inside one managed
-    /// allocation) to `value` from the calling thread; the pages migrate to the host.
+    /// allocation; any alignment, `count` 0 allowed) to `value` from the calling thread; the
+    /// pages migrate to the host.
     ///
-    /// Errors: `InvalidNullPointer` (100000); `AddressNotFound` (107000).
+    /// Errors (nothing written): `InvalidNullPointer` (100000); `AddressNotFound` (107000) for a
+    /// range not inside one managed allocation (or overflowing); `UnsupportedFeature` (207000)
+    /// where managed memory is unavailable.
     pub fn managed_memset(&self, ptr: usize, value: u8, count: usize) -> Result<()> {
         self.check_host_range(ptr, count)?;
         // SAFETY: the range is inside a live managed allocation (mapped read-write; absent
@@ -1703,7 +1785,17 @@ impl Context {
     /// `UnsupportedAlignment` (107008) for a pointer not 2 MiB-aligned; `InvalidArgument`
     /// (107000) for an INVALID location where one is needed, a device id that is not a device, a
     /// NUMA node that does not exist, or a preferred location refused because pages are mapped
-    /// elsewhere; `OutOfDeviceMemory` (207001) if a preferred device cannot hold the range.
+    /// elsewhere; `OutOfDeviceMemory` (207001) if the device an eager step needs cannot take
+    /// the pages (`SET_PREFERRED_LOCATION`: the whole range at once, next to the device's
+    /// other memory and pages in use by running work; `UNSET_READ_MOSTLY` / `SET_ACCESSED_BY`
+    /// to a device: not even one page, the device being full of memory that is not an
+    /// evictable managed page); `UnsupportedFeature` (207000) where managed memory is
+    /// unavailable. Every refusal is decided before any page moves or any advice is recorded.
+    /// Only a failure of the platform itself in the middle (the OS refusing a mapping) can
+    /// leave pages moved; the advice is then still not recorded, `SET_READ_MOSTLY` takes its
+    /// read-only copies back, and no data is lost.
+    ///
+    /// `ptr` and `size` in bytes, both multiples of 2 MiB ([`MANAGED_PAGE_SIZE`]).
     pub fn mem_advise(
         &self,
         ptr: usize,
@@ -1717,21 +1809,39 @@ impl Context {
         // Advice may move any page of the range: wait for work using them.
         core.wait_pins(&mut st, &[(ptr, size, None, false)])?;
         let pages: Vec<usize> = (ptr..ptr + size).step_by(PAGE).collect();
+        // Every call below first checks everything that can be refused (arguments, the
+        // preferred-location rules, device room), then moves pages, then changes the advice
+        // bookkeeping once every move has succeeded: a refused call changes nothing.
         match advice {
             Advice::SetReadMostly => {
+                // The read-only host copies first; if the platform refuses one, the copies
+                // made so far are taken back and the counters restored.
+                let stats = st.stats.clone();
+                let mut done: Vec<(usize, bool)> = Vec::new();
                 for &a in &pages {
-                    let p = core.page_mut(&mut st, a);
-                    p.read_mostly = true;
-                    let p = p.clone();
-                    if p.host {
-                        if !p.host_ro {
+                    let p = core.page(&st, a);
+                    let r = if p.host {
+                        if p.host_ro {
+                            Ok(())
+                        } else {
                             // SAFETY: present page of ours.
-                            unsafe { core.ops.host_protect(a, PAGE, true)? };
-                            core.page_mut(&mut st, a).host_ro = true;
+                            unsafe { core.ops.host_protect(a, PAGE, true) }.map(|()| {
+                                core.page_mut(&mut st, a).host_ro = true;
+                                done.push((a, false));
+                            })
                         }
                     } else {
-                        core.install_host_from(&mut st, a, p.on_device(), true)?;
+                        core.install_host_from(&mut st, a, p.on_device(), true)
+                            .map(|()| done.push((a, true)))
+                    };
+                    if let Err(e) = r {
+                        core.undo_read_only_copies(&mut st, &done);
+                        st.stats = stats;
+                        return Err(e);
                     }
+                }
+                for &a in &pages {
+                    core.page_mut(&mut st, a).read_mostly = true;
                 }
             }
             Advice::UnsetReadMostly => {
@@ -1739,23 +1849,29 @@ impl Context {
                     Location::Invalid => Loc::Host,
                     l => core.resolve(l, "UNSET_READ_MOSTLY")?,
                 };
+                let todo: Vec<usize> = pages
+                    .iter()
+                    .copied()
+                    .filter(|&a| {
+                        let p = core.page_ref(&st, a);
+                        p.read_mostly && p.copies() > 0
+                    })
+                    .collect();
+                if let Loc::Device(d) = loc {
+                    core.check_room_one_by_one(&st, d, &todo, "UNSET_READ_MOSTLY")?;
+                }
+                for &a in &todo {
+                    core.ensure_at(&mut st, a, loc, true)?;
+                }
                 for &a in &pages {
-                    let p = core.page_mut(&mut st, a);
-                    if !p.read_mostly {
-                        continue;
-                    }
-                    p.read_mostly = false;
-                    let copies = p.copies();
-                    if copies > 0 {
-                        core.ensure_at(&mut st, a, loc, true)?;
-                    }
+                    core.page_mut(&mut st, a).read_mostly = false;
                 }
             }
             Advice::SetPreferredLocation => {
                 let loc = core.resolve(location, "SET_PREFERRED_LOCATION")?;
                 // Validate every page first: a refused call changes nothing.
                 for &a in &pages {
-                    let p = core.page(&st, a);
+                    let p = core.page_ref(&st, a);
                     if p.read_mostly {
                         continue;
                     }
@@ -1789,26 +1905,26 @@ impl Context {
                 }
                 if let Loc::Device(d) = loc {
                     // Every page of the range ends up on the device at once (none of them can be
-                    // evicted for another): the range must fit in what the device's other memory
-                    // (physical objects, USM allocations) leaves.
+                    // evicted for another): the pages not there yet must fit in the device's
+                    // free capacity plus the managed pages of other ranges it may evict.
                     let di = d as usize;
-                    let managed = st.stats.devices[di].resident_pages * PAGE as u64;
-                    let other = core.devmem.used(di).saturating_sub(managed);
-                    let room = core.devmem.capacity(di).saturating_sub(other);
-                    let want = (pages.len() * PAGE) as u64;
-                    if want > room {
+                    let need = pages
+                        .iter()
+                        .filter(|&&a| core.page_ref(&st, a).slots[di].is_none())
+                        .count() as u64;
+                    let room = core.room_pages(&st, d, ptr..ptr + size);
+                    if need > room {
                         return Err(Error::OutOfDeviceMemory(format!(
-                            "SET_PREFERRED_LOCATION to device {d}: the range's {want:#x} bytes do \
-                             not fit in the {room:#x} bytes of its capacity not used by other \
-                             memory"
+                            "SET_PREFERRED_LOCATION to device {d}: {need} pages of the range are \
+                             not on the device and it has room for {room} (its other memory, USM \
+                             allocations and pages in use by running work, stays)"
                         )));
                     }
                 }
                 for &a in &pages {
-                    core.page_mut(&mut st, a).preferred = Some(loc);
-                    let p = core.page(&st, a);
+                    let rm = core.page_ref(&st, a).read_mostly;
                     match loc {
-                        Loc::Host | Loc::Numa(_) if !p.read_mostly => {
+                        Loc::Host | Loc::Numa(_) if !rm => {
                             core.ensure_host(&mut st, a, false)?;
                         }
                         Loc::Device(d) => {
@@ -1816,6 +1932,9 @@ impl Context {
                         }
                         _ => {}
                     }
+                }
+                for &a in &pages {
+                    core.page_mut(&mut st, a).preferred = Some(loc);
                 }
             }
             Advice::UnsetPreferredLocation => {
@@ -1826,13 +1945,24 @@ impl Context {
             Advice::SetAccessedBy => {
                 let loc = core.resolve(location, "SET_ACCESSED_BY")?;
                 let place = |l: Loc| l.device();
+                // Pages preferring the same place are populated (mapped) there at once.
+                let todo: Vec<usize> = pages
+                    .iter()
+                    .copied()
+                    .filter(|&a| {
+                        core.page_ref(&st, a)
+                            .preferred
+                            .is_some_and(|pl| place(pl) == place(loc))
+                    })
+                    .collect();
+                if let Loc::Device(d) = loc {
+                    core.check_room_one_by_one(&st, d, &todo, "SET_ACCESSED_BY")?;
+                }
+                for &a in &todo {
+                    core.ensure_at(&mut st, a, loc, false)?;
+                }
                 for &a in &pages {
-                    let p = core.page_mut(&mut st, a);
-                    p.accessed_by.insert(loc);
-                    let same_place = p.preferred.is_some_and(|pl| place(pl) == place(loc));
-                    if same_place {
-                        core.ensure_at(&mut st, a, loc, false)?;
-                    }
+                    core.page_mut(&mut st, a).accessed_by.insert(loc);
                 }
             }
             Advice::UnsetAccessedBy => {
@@ -1852,7 +1982,15 @@ impl Context {
     ///
     /// Errors (nothing queued or recorded): `InvalidEnumeration` (100000) unless `flags` is 0;
     /// then as [`Context::mem_advise`] for pointer, size, range and alignment; `InvalidArgument`
-    /// (107000) for an INVALID location, a bad device id or NUMA node.
+    /// (107000) for an INVALID location, a bad device id or NUMA node; `InvalidArgument` for a
+    /// stream of another driver. At run time (reported by [`Stream::synchronize`]):
+    /// `OutOfDeviceMemory` (207001) if the device cannot take a single page (full of memory
+    /// that is not an evictable managed page): nothing moves, `LAST_PREFETCH_LOCATION` keeps
+    /// the request (it records requests, not completion); `AddressNotFound` if the memory was
+    /// freed before the prefetch ran.
+    ///
+    /// `ptr` and `size` in bytes, both multiples of 2 MiB ([`MANAGED_PAGE_SIZE`]). A prefetch
+    /// larger than the device leaves its last pages there (earlier ones are evicted).
     pub fn mem_prefetch(
         &self,
         ptr: usize,
@@ -1899,7 +2037,10 @@ impl Context {
     /// Errors: `InvalidNullPointer` (100000) for a null pointer; `InvalidSize` (100000) for size
     /// 0; `UnsupportedSize` (107000) over 3 TiB or for a `dataSize` its attribute does not
     /// allow (4, or a non-zero multiple of 4 for ACCESSED_BY); `AddressNotFound` (107000)
-    /// unless the range is inside one managed allocation.
+    /// unless the range is inside one managed allocation (or `ptr + size` overflows);
+    /// `UnsupportedFeature` (207000) where managed memory is unavailable. Nothing is written on
+    /// error. `size` in bytes, no alignment rule; any `dataSize` allowed is written in full
+    /// (ACCESSED_BY padded with -2), without allocating.
     pub fn managed_get_attr(
         &self,
         attribute: RangeAttribute,
@@ -1942,8 +2083,14 @@ impl Context {
         Ok(())
     }
 
-    /// One 4-byte attribute as an `i32` (a convenience over [`Context::managed_get_attr`]).
-    /// For ACCESSED_BY it gives the first slot.
+    /// One 4-byte attribute as an `i32` (a convenience over [`Context::managed_get_attr`] with
+    /// `dataSize` 4, `aclrtMemManagedGetAttr`). For ACCESSED_BY it gives the first slot (-2 if
+    /// none). `size` in bytes, no alignment rule.
+    ///
+    /// Errors: as [`Context::managed_get_attr`]: `InvalidNullPointer` / `InvalidSize` (100000)
+    /// for a null pointer / size 0; `UnsupportedSize` (107000) over 3 TiB; `AddressNotFound`
+    /// (107000) unless the range is inside one managed allocation; `UnsupportedFeature`
+    /// (207000) where managed memory is unavailable.
     pub fn managed_attr_i32(
         &self,
         attribute: RangeAttribute,
@@ -1955,8 +2102,25 @@ impl Context {
         Ok(i32::from_ne_bytes(b))
     }
 
-    /// ACCESSED_BY into `slots` entries (padded with -2).
+    /// Most `slots` [`Context::managed_accessed_by`] answers (1 Mi entries, 4 MiB); larger
+    /// buffers go through [`Context::managed_get_attr`], which writes the caller's buffer.
+    pub const MAX_ACCESSED_BY_SLOTS: usize = 1 << 20;
+
+    /// ACCESSED_BY of `[ptr, ptr+size)` (`aclrtMemManagedGetAttr` with `dataSize` = `slots` *
+    /// 4): the ids (device id, -1 host, NUMA node id) advised over the whole range, in `slots`
+    /// entries, padded with -2 or truncated. `size` in bytes, no alignment rule.
+    ///
+    /// Errors: `UnsupportedSize` (107000) for `slots` 0 (dataSize 0) or over
+    /// [`Context::MAX_ACCESSED_BY_SLOTS`] (use [`Context::managed_get_attr`] with a buffer of
+    /// your own for more); then as [`Context::managed_attr_i32`].
     pub fn managed_accessed_by(&self, ptr: usize, size: usize, slots: usize) -> Result<Vec<i32>> {
+        if slots == 0 || slots > Self::MAX_ACCESSED_BY_SLOTS {
+            return Err(Error::UnsupportedSize(format!(
+                "{slots} ACCESSED_BY slots: 1 to {} are answered here (dataSize a non-zero \
+                 multiple of 4; larger buffers through managed_get_attr)",
+                Self::MAX_ACCESSED_BY_SLOTS
+            )));
+        }
         let mut b = vec![0u8; slots * 4];
         self.managed_get_attr(RangeAttribute::AccessedBy, ptr, size, &mut b)?;
         Ok(b.chunks(4)
@@ -2105,10 +2269,10 @@ fn get_attr_locked(
     check_data_size(attribute, data.len())?;
     core.check_range(st, ptr, size)?;
     let first = ptr & !(PAGE - 1);
-    let pages: Vec<Page> = (first..ptr + size)
-        .step_by(PAGE)
-        .map(|a| core.page(st, a))
-        .collect();
+    // The range lies in one allocation (checked): its pages, borrowed, not copied.
+    let (base, i0) = core.find(st, first).expect("checked range");
+    let i1 = (ptr + size - 1 - base) / PAGE;
+    let pages: &[Page] = &st.allocs[&base].pages[i0..=i1];
     let uniform = |f: &dyn Fn(&Page) -> Option<Loc>| -> Option<Loc> {
         let v = f(&pages[0])?;
         pages.iter().all(|p| f(p) == Some(v)).then_some(v)
@@ -2145,7 +2309,8 @@ fn get_attr_locked(
 
 impl Driver {
     /// Counters of the driver's managed memory: faults, pages and bytes migrated each way, per
-    /// device. All zero before the first managed allocation.
+    /// device (hetmem's own query; ACL has no call for it). All zero before the first managed
+    /// allocation. Never fails.
     pub fn managed_stats(&self) -> ManagedStats {
         match self.shared.managed.existing() {
             Some(c) => c.state.lock().stats.clone(),

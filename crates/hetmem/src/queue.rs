@@ -178,7 +178,10 @@ pub struct Event {
 }
 
 impl Event {
-    /// Signals the event from the host (`zeEventHostSignal`).
+    /// Signals the event from the host (`zeEventHostSignal`); signalling a signalled event
+    /// keeps it signalled. Wakes every host and engine wait on it.
+    ///
+    /// Errors: none; always `Ok` (the `Result` is kept for the C ABI's `ze_result_t`).
     pub fn host_signal(&self) -> Result<()> {
         self.flag.signal();
         Ok(())
@@ -186,16 +189,23 @@ impl Event {
 
     /// Waits up to `timeout_ns` nanoseconds for the event (`zeEventHostSynchronize`); 0 only
     /// queries, `u64::MAX` waits forever. Returns `NotReady` if it is still not signalled.
+    ///
+    /// Errors: none; always `Ok` (the `Result` is kept for the C ABI's `ze_result_t`).
     pub fn host_synchronize(&self, timeout_ns: u64) -> Result<SyncStatus> {
         Ok(SyncStatus::of(self.flag.wait_ns(timeout_ns)))
     }
 
-    /// Whether the event is signalled (`zeEventQueryStatus`).
+    /// Whether the event is signalled (`zeEventQueryStatus`): `Ready` or `NotReady`.
+    ///
+    /// Errors: none; always `Ok` (the `Result` is kept for the C ABI's `ze_result_t`).
     pub fn query_status(&self) -> Result<SyncStatus> {
         Ok(SyncStatus::of(self.flag.is_set()))
     }
 
-    /// Resets the event to not signalled (`zeEventHostReset`).
+    /// Resets the event to not signalled (`zeEventHostReset`); resetting an unsignalled event
+    /// does nothing. Commands already queued that will signal it still do.
+    ///
+    /// Errors: none; always `Ok` (the `Result` is kept for the C ABI's `ze_result_t`).
     pub fn host_reset(&self) -> Result<()> {
         self.flag.reset();
         Ok(())
@@ -213,16 +223,23 @@ pub struct Fence {
 impl Fence {
     /// Waits up to `timeout_ns` nanoseconds for the fence (`zeFenceHostSynchronize`); 0 only
     /// queries, `u64::MAX` waits forever. Returns `NotReady` if it is still not signalled.
+    ///
+    /// Errors: none; always `Ok` (the `Result` is kept for the C ABI's `ze_result_t`).
     pub fn host_synchronize(&self, timeout_ns: u64) -> Result<SyncStatus> {
         Ok(SyncStatus::of(self.flag.wait_ns(timeout_ns)))
     }
 
-    /// Whether the fence is signalled (`zeFenceQueryStatus`).
+    /// Whether the fence is signalled (`zeFenceQueryStatus`): `Ready` or `NotReady`.
+    ///
+    /// Errors: none; always `Ok` (the `Result` is kept for the C ABI's `ze_result_t`).
     pub fn query_status(&self) -> Result<SyncStatus> {
         Ok(SyncStatus::of(self.flag.is_set()))
     }
 
-    /// Resets the fence to not signalled (`zeFenceReset`).
+    /// Resets the fence to not signalled (`zeFenceReset`); a batch still running with it
+    /// signals it when it finishes.
+    ///
+    /// Errors: none; always `Ok` (the `Result` is kept for the C ABI's `ze_result_t`).
     pub fn reset(&self) -> Result<()> {
         self.flag.reset();
         Ok(())

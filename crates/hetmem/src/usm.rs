@@ -118,16 +118,56 @@ pub fn is_relaxed_limits_stype(stype: u32) -> bool {
 /// Decodes `ze_relaxed_allocation_limits_ext_flags_t` (and the experimental form): returns
 /// whether MAX_SIZE (1 << 0) is set. Bits over 0x1 are `InvalidEnumeration`; a chained
 /// descriptor without MAX_SIZE is `InvalidArgument` (reference driver, `allocHostMem`).
+///
+/// **flags = 0** is `InvalidArgument`, not "no relaxation": the spec's field text ("must be 0
+/// (default) or a valid combination") is the generic wording of every flags field, but the
+/// reference driver (intel/compute-runtime: `ContextImp::allocHostMem`,
+/// `ContextImp::allocSharedMem`, and `prepareL0StructuresLookupTable` for device allocations)
+/// answers a chained relaxed-limits descriptor without `MAX_SIZE` with
+/// `ZE_RESULT_ERROR_INVALID_ARGUMENT`. To ask for no relaxation, chain no descriptor.
 pub fn relaxed_max_size_from_raw(flags: u32) -> Result<bool> {
     match flags {
         1 => Ok(true),
         0 => Err(Error::InvalidArgument(
-            "relaxed allocation limits descriptor without the MAX_SIZE flag".into(),
+            "relaxed allocation limits flags 0x0 lack MAX_SIZE (0x1); chain no descriptor for \
+             no relaxation"
+                .into(),
         )),
         _ => Err(Error::InvalidEnumeration(format!(
             "relaxed allocation limits flags {flags:#x} exceed 0x1"
         ))),
     }
+}
+
+/// Decodes a raw relaxed-allocation-limits descriptor chained on an allocation descriptor
+/// (`ze_relaxed_allocation_limits_ext_desc_t` or its experimental form
+/// `ze_relaxed_allocation_limits_exp_desc_t`; same layout: `stype`, `pNext`, `flags`) from its
+/// `stype` and `flags` fields, for the C ABI; the result goes to
+/// [`AllocDesc::relaxed_max_size`].
+///
+/// - `stype` must be [`RELAXED_LIMITS_EXT_STYPE`] (0x10016) or [`RELAXED_LIMITS_EXP_STYPE`]
+///   (0x00020001) ([`is_relaxed_limits_stype`]); any other is `UnsupportedEnumeration`, the
+///   reference driver's answer for a chained descriptor it does not know
+///   (`prepareL0StructuresLookupTable`);
+/// - then the flags as [`relaxed_max_size_from_raw`]: `1` (MAX_SIZE) -> `Ok(true)`; `0` ->
+///   `InvalidArgument` (see there: the reference driver's answer, not "no relaxation"); bits
+///   over 0x1 -> `InvalidEnumeration`.
+///
+/// ```
+/// use hetmem::usm::relaxed_limits_from_desc;
+/// assert_eq!(relaxed_limits_from_desc(0x10016, 1), Ok(true));
+/// assert_eq!(relaxed_limits_from_desc(0x0002_0001, 1), Ok(true));
+/// assert!(relaxed_limits_from_desc(0x10016, 0).is_err());
+/// ```
+pub fn relaxed_limits_from_desc(stype: u32, flags: u32) -> Result<bool> {
+    if !is_relaxed_limits_stype(stype) {
+        return Err(Error::UnsupportedEnumeration(format!(
+            "descriptor stype {stype:#x} is neither \
+             ZE_STRUCTURE_TYPE_RELAXED_ALLOCATION_LIMITS_EXT_DESC ({RELAXED_LIMITS_EXT_STYPE:#x}) \
+             nor its experimental form ({RELAXED_LIMITS_EXP_STYPE:#x})"
+        )));
+    }
+    relaxed_max_size_from_raw(flags)
 }
 
 /// A USM allocation request: the fields of `ze_device_mem_alloc_desc_t` /
@@ -225,6 +265,9 @@ struct AllocRec {
     raw: Option<RawAllocation>,
     /// Bytes charged to `device`'s capacity.
     charged: u64,
+    /// IPC handle types chained at allocation (`ze_ipc_mem_handle_type_ext_desc_t`), if any;
+    /// set by [`crate::ipc`] and gone with the record.
+    ipc_types: Option<crate::ipc::IpcHandleTypes>,
 }
 
 impl AllocRec {
@@ -395,6 +438,7 @@ impl UsmState {
                 context,
                 raw: Some(raw),
                 charged: if device.is_some() { charged } else { 0 },
+                ipc_types: None,
             },
         );
         Ok(addr)
@@ -491,6 +535,7 @@ impl UsmState {
                 context,
                 raw: None,
                 charged: 0,
+                ipc_types: None,
             },
         );
         Ok(ptr)
@@ -559,6 +604,36 @@ impl UsmState {
     ) -> Option<(usize, usize, MemoryType, u64, u64, Option<RawAllocation>)> {
         let (b, r) = self.find(ptr)?;
         Some((b, r.span, r.kind, r.id, r.context, r.raw))
+    }
+
+    /// IPC ([`crate::ipc`]): records the handle types chained at the allocation at `base`
+    /// (of `context`); false if there is none.
+    pub(crate) fn set_ipc_types(
+        &mut self,
+        context: u64,
+        base: usize,
+        types: crate::ipc::IpcHandleTypes,
+    ) -> bool {
+        match self.allocs.get_mut(&base) {
+            Some(r) if r.context == context => {
+                r.ipc_types = Some(types);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// IPC ([`crate::ipc`]): the handle types chained at the allocation containing `ptr`.
+    pub(crate) fn ipc_types(&self, ptr: usize) -> Option<crate::ipc::IpcHandleTypes> {
+        self.find(ptr)?.1.ipc_types
+    }
+
+    /// IPC ([`crate::ipc`]): live allocations with recorded handle types.
+    pub(crate) fn ipc_typed(&self) -> usize {
+        self.allocs
+            .values()
+            .filter(|r| r.ipc_types.is_some())
+            .count()
     }
 
     /// IPC range export ([`crate::ipc`]): a live allocation or import overlapping

@@ -22,6 +22,13 @@
 //! READONLY gives `InvalidEnumeration`; ranges outside this context's reservations give
 //! `InvalidArgument`. A failed call changes nothing.
 //!
+//! `zeVirtualMemFree` with a null pointer is `InvalidNullPointer` and with size 0
+//! `UnsupportedSize`, before the exact-base-and-size check: a deliberate deviation from the
+//! issue's "anything but an existing reservation's exact base and size is INVALID_ARGUMENT",
+//! following the codes the header lists for that call (`nullptr == ptr`, `0 == size`). Every
+//! other mismatch (unknown pointer, interior pointer, wrong size, another context's
+//! reservation) is `InvalidArgument`.
+//!
 //! # Queued device work
 //! Queued copies and fills may use mapped pages ([`crate::queue`]); each submitted batch holds a
 //! reference on the reservation (by base) of every such operand until it has finished. Unmap,
@@ -182,6 +189,9 @@ struct PhysicalRec {
     context: u64,
     /// Bytes of this object mapped anywhere right now.
     mapped: usize,
+    /// IPC handle types chained at creation (`ze_ipc_mem_handle_type_ext_desc_t`), if any;
+    /// set by [`crate::ipc`] and gone with the record.
+    ipc_types: Option<crate::ipc::IpcHandleTypes>,
 }
 
 /// Per-device figures of the semantics layer.
@@ -479,6 +489,7 @@ impl VmState {
                 location,
                 context,
                 mapped: 0,
+                ipc_types: None,
             },
         );
         Ok(PhysicalMemory { id, size })
@@ -780,6 +791,36 @@ impl VmState {
         self.physical
             .get(&id)
             .map(|p| (p.raw, p.size, p.context, p.location))
+    }
+
+    /// IPC ([`crate::ipc`]): the handle types chained at the creation of physical object `id`.
+    pub(crate) fn physical_ipc_types(&self, id: u64) -> Option<crate::ipc::IpcHandleTypes> {
+        self.physical.get(&id)?.ipc_types
+    }
+
+    /// IPC ([`crate::ipc`]): records the handle types chained at the creation of physical
+    /// object `id` (of `context`); false if there is none.
+    pub(crate) fn set_physical_ipc_types(
+        &mut self,
+        context: u64,
+        id: u64,
+        types: crate::ipc::IpcHandleTypes,
+    ) -> bool {
+        match self.physical.get_mut(&id) {
+            Some(p) if p.context == context => {
+                p.ipc_types = Some(types);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// IPC ([`crate::ipc`]): live physical objects with recorded handle types.
+    pub(crate) fn ipc_typed(&self) -> usize {
+        self.physical
+            .values()
+            .filter(|p| p.ipc_types.is_some())
+            .count()
     }
 
     /// IPC range export ([`crate::ipc`]): the mapped runs along `[start, end)` clipped to it, in

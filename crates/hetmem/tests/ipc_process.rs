@@ -94,7 +94,16 @@ fn child() {
     let Ok(case) = std::env::var(CASE) else {
         return;
     };
-    let rt = runtime();
+    // `PIECES`: the child driver's range-piece limit.
+    let rt = match env("PIECES").parse::<usize>() {
+        Ok(n) => hetmem::Runtime::builder()
+            .host_devices(1)
+            .host_device_memory(256 << 20)
+            .ipc_max_range_pieces(n)
+            .build()
+            .unwrap(),
+        Err(_) => runtime(),
+    };
     let ctx = rt.driver().create_context().unwrap();
     match case.as_str() {
         "import" => child_import(&ctx),
@@ -289,6 +298,40 @@ fn open_in_child(h: &IpcHandle) -> (u32, String) {
         u32::from_str_radix(code.trim_start_matches("0x"), 16).unwrap(),
         msg.to_string(),
     )
+}
+
+#[test]
+fn an_importer_refuses_a_range_handle_of_more_pieces_than_its_driver_carries() {
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let (e, _) = make_range(&ctx);
+    let props = hetmem::IpcProperties {
+        range_size: Some(e.size),
+        ..Default::default()
+    };
+    let h = ctx.get_ipc_handle_with_properties(e.ptr, &props).unwrap();
+    let file = temp("handle");
+    std::fs::write(&file, h.as_bytes()).unwrap();
+    for pieces in [6, 7] {
+        let mut c = Proc::spawn(
+            "open_error",
+            &[
+                ("FILE", file.display().to_string()),
+                ("PIECES", pieces.to_string()),
+            ],
+        );
+        let l = c.line();
+        c.finish();
+        if pieces == 6 {
+            assert!(l.starts_with("err 0x78000009"), "{l}");
+            assert!(l.contains("7 pieces") && l.contains("at most 6"), "{l}");
+        } else {
+            assert!(l.starts_with("opened"), "{l}");
+        }
+    }
+    let _ = std::fs::remove_file(&file);
+    ctx.put_ipc_handle(&h).unwrap();
+    e.destroy(&ctx);
 }
 
 /// FNV-1a over bytes 4..60 into 60..64: the checksum catches corruption, not forgery.

@@ -3,15 +3,41 @@
 
 mod ipc_common;
 
-use std::sync::Mutex;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use hetmem::backend::host::open_fd_count;
 use hetmem::{
-    AccessAttribute, AllocDesc, IpcHandle, IpcHandleTypes, IpcProperties, PhysicalMemoryFlags,
+    AccessAttribute, AllocDesc, Context, IpcHandle, IpcHandleTypes, IpcProperties,
+    PhysicalMemoryFlags,
 };
 use ipc_common::*;
 
-/// Tests that change the process-wide piece limit hold this lock, as do those exporting ranges.
-static LIMIT: Mutex<()> = Mutex::new(());
+/// Tests that count the process's fds hold this lock for writing (alone); every other test
+/// holds it for reading, so no fd comes or goes while a count is compared.
+static FDS: RwLock<()> = RwLock::new(());
+
+fn shared() -> RwLockReadGuard<'static, ()> {
+    FDS.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn alone() -> RwLockWriteGuard<'static, ()> {
+    FDS.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs a call that must fail and checks that it changed nothing: the driver's live exports,
+/// open views and typed memory, its virtual-memory and USM counters, and the process's fd
+/// count. Returns the error. The caller holds [`alone`].
+fn fails_changing_nothing<T: std::fmt::Debug>(
+    ctx: &Context,
+    call: impl FnOnce() -> hetmem::Result<T>,
+) -> hetmem::Error {
+    let d = ctx.driver();
+    let state = || (d.ipc_stats(), d.vm_stats(), d.usm_stats(), open_fd_count());
+    let before = state();
+    let err = call().unwrap_err();
+    assert_eq!(state(), before, "a failed call changed something: {err}");
+    err
+}
 
 fn range(size: usize) -> IpcProperties {
     IpcProperties {
@@ -22,7 +48,7 @@ fn range(size: usize) -> IpcProperties {
 
 #[test]
 fn range_view_has_exactly_the_exporters_bytes_and_reports_its_full_size() {
-    let _g = LIMIT.lock().unwrap();
+    let _g = shared();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
     let (e, _) = make_range(&ctx);
@@ -47,7 +73,7 @@ fn range_view_has_exactly_the_exporters_bytes_and_reports_its_full_size() {
 
 #[test]
 fn range_handle_is_a_snapshot_of_the_mappings_at_export() {
-    let _g = LIMIT.lock().unwrap();
+    let _g = shared();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
     let dev = ctx.driver().device(0).unwrap();
@@ -90,20 +116,31 @@ fn range_handle_is_a_snapshot_of_the_mappings_at_export() {
 
 #[test]
 fn range_with_a_hole_is_address_not_found() {
-    let _g = LIMIT.lock().unwrap();
+    let _g = alone();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
     let (e, hole) = make_range(&ctx);
-    let err = ctx
-        .get_ipc_handle_with_properties(e.ptr, &range(e.size + K64))
-        .unwrap_err();
+    // Warm up: the broker's socket exists from the first export on.
+    let warm = ctx.get_ipc_handle(e.ptr).unwrap();
+    ctx.put_ipc_handle(&warm).unwrap();
+    let err = fails_changing_nothing(&ctx, || {
+        ctx.get_ipc_handle_with_properties(e.ptr, &range(e.size + K64))
+    });
     assert_eq!(err.ze_result(), 0x7800_0021);
     assert!(err.message().contains(&format!("{hole:#x}")), "{err}");
+    // A hole in the middle: unmap one page of the second reservation.
+    let mid = e.reservations[1].base + 2 * K64;
+    ctx.unmap(mid, K64).unwrap();
+    let err = fails_changing_nothing(&ctx, || {
+        ctx.get_ipc_handle_with_properties(e.ptr, &range(e.size))
+    });
+    assert_eq!(err.ze_result(), 0x7800_0021);
+    assert!(err.message().contains(&format!("{mid:#x}")), "{err}");
     // Outside any reservation too.
     let r = ctx.reserve(None, 4 * K64).unwrap();
-    let err = ctx
-        .get_ipc_handle_with_properties(r.base, &range(K64))
-        .unwrap_err();
+    let err = fails_changing_nothing(&ctx, || {
+        ctx.get_ipc_handle_with_properties(r.base, &range(K64))
+    });
     assert_eq!(err.ze_result(), 0x7800_0021);
     ctx.free_reservation(r).unwrap();
     e.destroy(&ctx);
@@ -111,23 +148,24 @@ fn range_with_a_hole_is_address_not_found() {
 
 #[test]
 fn range_size_0_is_invalid_size_and_null_is_invalid_null_pointer() {
+    let _g = alone();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
     let (e, _) = make_range(&ctx);
-    let err = ctx
-        .get_ipc_handle_with_properties(e.ptr, &range(0))
-        .unwrap_err();
+    let err = fails_changing_nothing(&ctx, || {
+        ctx.get_ipc_handle_with_properties(e.ptr, &range(0))
+    });
     assert_eq!(err.ze_result(), 0x7800_0008);
-    let err = ctx
-        .get_ipc_handle_with_properties(0, &range(K64))
-        .unwrap_err();
+    let err = fails_changing_nothing(&ctx, || ctx.get_ipc_handle_with_properties(0, &range(K64)));
     assert_eq!(err.ze_result(), 0x7800_0007);
-    assert_eq!(ctx.get_ipc_handle(0).unwrap_err().ze_result(), 0x7800_0007);
+    let err = fails_changing_nothing(&ctx, || ctx.get_ipc_handle(0));
+    assert_eq!(err.ze_result(), 0x7800_0007);
     e.destroy(&ctx);
 }
 
 #[test]
 fn range_including_a_usm_allocation_is_invalid_argument() {
+    let _g = alone();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
     let dev = ctx.driver().device(0).unwrap();
@@ -137,9 +175,8 @@ fn range_including_a_usm_allocation_is_invalid_argument() {
         ctx.alloc_shared(Some(&dev), &AllocDesc::new(4 * K64))
             .unwrap(),
     ] {
-        let err = ctx
-            .get_ipc_handle_with_properties(p, &range(K64))
-            .unwrap_err();
+        let err =
+            fails_changing_nothing(&ctx, || ctx.get_ipc_handle_with_properties(p, &range(K64)));
         assert_eq!(err.ze_result(), 0x7800_0004, "{err}");
         assert!(err.message().contains("USM"), "{err}");
         ctx.free_memory(p).unwrap();
@@ -148,26 +185,49 @@ fn range_including_a_usm_allocation_is_invalid_argument() {
 
 #[test]
 fn range_with_more_pieces_than_the_limit_is_unsupported_size_naming_it() {
-    let _g = LIMIT.lock().unwrap();
-    assert_eq!(hetmem::ipc::max_range_pieces(), 1 << 20);
-    let rt = runtime();
+    let _g = alone();
+    assert_eq!(
+        runtime().driver().ipc_max_range_pieces(),
+        hetmem::ipc::DEFAULT_MAX_RANGE_PIECES
+    );
+    assert_eq!(hetmem::ipc::DEFAULT_MAX_RANGE_PIECES, 1 << 20);
+    let rt = hetmem::Runtime::builder()
+        .host_devices(1)
+        .host_device_memory(256 << 20)
+        .ipc_max_range_pieces(6)
+        .build()
+        .unwrap();
+    assert_eq!(rt.driver().ipc_max_range_pieces(), 6);
     let ctx = rt.driver().create_context().unwrap();
     let (e, _) = make_range(&ctx);
-    hetmem::ipc::set_max_range_pieces(6);
-    let err = ctx
-        .get_ipc_handle_with_properties(e.ptr, &range(e.size))
-        .unwrap_err();
-    hetmem::ipc::set_max_range_pieces(hetmem::ipc::DEFAULT_MAX_RANGE_PIECES);
+    let err = fails_changing_nothing(&ctx, || {
+        ctx.get_ipc_handle_with_properties(e.ptr, &range(e.size))
+    });
     assert_eq!(err.ze_result(), 0x7800_0009);
     assert!(
         err.message().contains("7 mapped pieces") && err.message().contains("at most 6"),
         "{err}"
     );
+    // Six pieces fit; the limit is the driver's own: another driver still takes seven.
+    let six = e.size - 7 * K64;
+    let h = ctx
+        .get_ipc_handle_with_properties(e.ptr, &range(six))
+        .unwrap();
+    ctx.put_ipc_handle(&h).unwrap();
+    let other = runtime();
+    let octx = other.driver().create_context().unwrap();
+    let (e2, _) = make_range(&octx);
+    let h = octx
+        .get_ipc_handle_with_properties(e2.ptr, &range(e2.size))
+        .unwrap();
+    octx.put_ipc_handle(&h).unwrap();
+    e2.destroy(&octx);
     e.destroy(&ctx);
 }
 
 #[test]
 fn fabric_accessible_is_unsupported_feature_at_get_and_at_creation() {
+    let _g = shared();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
     let dev = ctx.driver().device(0).unwrap();
@@ -221,6 +281,7 @@ fn fabric_accessible_is_unsupported_feature_at_get_and_at_creation() {
 
 #[test]
 fn open_in_the_exporting_process_gives_a_new_view_of_the_same_bytes() {
+    let _g = shared();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
     for e in [make_alloc(&ctx), make_physical(&ctx)] {
@@ -241,6 +302,7 @@ fn open_in_the_exporting_process_gives_a_new_view_of_the_same_bytes() {
 
 #[test]
 fn get_on_unknown_or_imported_memory_is_invalid_argument() {
+    let _g = shared();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
     let local = Box::new([0u8; 8]);
@@ -264,6 +326,7 @@ fn get_on_unknown_or_imported_memory_is_invalid_argument() {
 
 #[test]
 fn open_flags_over_3_are_invalid_enumeration_and_malformed_bytes_invalid_argument() {
+    let _g = shared();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
     let e = make_alloc(&ctx);
@@ -282,6 +345,7 @@ fn open_flags_over_3_are_invalid_enumeration_and_malformed_bytes_invalid_argumen
 
 #[test]
 fn put_twice_put_of_a_foreign_handle_and_open_after_put_are_invalid_argument() {
+    let _g = shared();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
     let other = rt.driver().create_context().unwrap();
@@ -306,6 +370,7 @@ fn put_twice_put_of_a_foreign_handle_and_open_after_put_are_invalid_argument() {
 
 #[test]
 fn close_of_null_or_unknown_pointers_and_other_contexts_views() {
+    let _g = shared();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
     let other = rt.driver().create_context().unwrap();
@@ -339,6 +404,7 @@ fn close_of_null_or_unknown_pointers_and_other_contexts_views() {
 
 #[test]
 fn eight_threads_export_open_close_and_put_concurrently() {
+    let _g = shared();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
     let shared = make_alloc(&ctx);
@@ -370,7 +436,7 @@ fn eight_threads_export_open_close_and_put_concurrently() {
 
 #[test]
 fn properties_of_an_opened_view_report_the_exported_memory_type() {
-    let _g = LIMIT.lock().unwrap();
+    let _g = shared();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
     let host = ctx.alloc_host(&AllocDesc::new(K64)).unwrap();
@@ -398,4 +464,80 @@ fn properties_of_an_opened_view_report_the_exported_memory_type() {
     }
     ctx.free_memory(host).unwrap();
     e.destroy(&ctx);
+}
+
+#[test]
+fn handle_types_chained_at_creation_go_with_the_memory_and_do_not_accumulate() {
+    let _g = shared();
+    let rt = runtime();
+    let d = rt.driver();
+    let ctx = d.create_context().unwrap();
+    let dev = d.device(0).unwrap();
+    let default = IpcHandleTypes::DEFAULT;
+    let asked = IpcProperties {
+        handle_types: Some(default),
+        ..Default::default()
+    };
+    for i in 0..300 {
+        let a = ctx
+            .alloc_device_with_ipc_types(&dev, &AllocDesc::new(K64), default)
+            .unwrap();
+        let h = ctx
+            .alloc_host_with_ipc_types(&AllocDesc::new(K64), default)
+            .unwrap();
+        let o = ctx
+            .create_physical_memory_with_ipc_types(
+                Some(&dev),
+                PhysicalMemoryFlags::AllocateOnDevice,
+                K64,
+                default,
+            )
+            .unwrap();
+        let s = d.ipc_stats();
+        assert_eq!((s.typed_allocations, s.typed_physical), (2, 1), "cycle {i}");
+        if i % 50 == 0 {
+            // The recorded types are checked at get, for allocations, objects and ranges.
+            let r = ctx.reserve(None, K64).unwrap();
+            ctx.map(r.base, K64, o, 0, AccessAttribute::ReadWrite)
+                .unwrap();
+            let handles = [
+                ctx.get_ipc_handle_with_properties(a, &asked).unwrap(),
+                ctx.get_physical_memory_ipc_handle(o, Some(default))
+                    .unwrap(),
+                ctx.get_ipc_handle_with_properties(
+                    r.base,
+                    &IpcProperties {
+                        range_size: Some(K64),
+                        ..asked
+                    },
+                )
+                .unwrap(),
+            ];
+            for x in &handles {
+                ctx.put_ipc_handle(x).unwrap();
+            }
+            ctx.free_reservation(r).unwrap();
+        }
+        ctx.free_memory(a).unwrap();
+        ctx.free_memory(h).unwrap();
+        ctx.destroy_physical_memory(o).unwrap();
+        let s = d.ipc_stats();
+        assert_eq!((s.typed_allocations, s.typed_physical), (0, 0), "cycle {i}");
+    }
+    // Context teardown takes them too.
+    let other = d.create_context().unwrap();
+    other
+        .alloc_host_with_ipc_types(&AllocDesc::new(K64), default)
+        .unwrap();
+    other
+        .create_physical_memory_with_ipc_types(
+            None,
+            PhysicalMemoryFlags::AllocateOnHost,
+            K64,
+            default,
+        )
+        .unwrap();
+    assert_eq!(d.ipc_stats().typed_allocations, 1);
+    drop(other);
+    assert_eq!(d.ipc_stats(), hetmem::ipc::IpcStats::default());
 }

@@ -510,22 +510,20 @@ fn fence_is_signalled_when_its_batch_finishes_and_resets() {
 }
 
 #[test]
-fn synchronize_with_a_timeout_returns_not_ready_while_a_long_copy_runs() {
-    let (_rt, d0, _d1, ctx) = setup(1 << 30);
-    let n = 256 * MIB;
-    let src = ctx
-        .alloc_host(&AllocDesc::new(n).relaxed_max_size(true))
-        .unwrap();
-    let dst = ctx
-        .alloc_device(&d0, &AllocDesc::new(n).relaxed_max_size(true))
-        .unwrap();
-    let prep = ctx.create_immediate_command_list(&d0).unwrap();
-    prep.append_memory_fill(src, &[1, 2, 3, 4], n, None, &[])
-        .unwrap();
-    prep.host_synchronize(FOREVER).unwrap();
+fn synchronize_with_a_timeout_returns_not_ready_until_the_work_finishes() {
+    let (_rt, d0, _d1, ctx) = setup(256 << 20);
+    let n = 16 * MIB;
+    let src = ctx.alloc_host(&AllocDesc::new(n)).unwrap();
+    let dst = ctx.alloc_device(&d0, &AllocDesc::new(n)).unwrap();
+    unsafe { bytes(src, n) }
+        .chunks_mut(4)
+        .for_each(|c| c.copy_from_slice(&[1, 2, 3, 4]));
     let q = ctx.create_command_queue(&d0).unwrap();
+    // The copy is held behind an event nobody has signalled yet, so the queue is busy for as
+    // long as the test wants, whatever the machine's speed.
+    let gate = ctx.create_event().unwrap();
     let l = closed_list(&ctx, &d0, |l| {
-        l.append_memory_copy(dst, src, n, None, &[]).unwrap()
+        l.append_memory_copy(dst, src, n, None, &[&gate]).unwrap()
     });
     q.execute_command_lists(&[&l], None).unwrap();
     assert_eq!(q.synchronize(0).unwrap(), SyncStatus::NotReady);
@@ -535,12 +533,102 @@ fn synchronize_with_a_timeout_returns_not_ready_while_a_long_copy_runs() {
         t.elapsed() >= Duration::from_micros(900),
         "waited its timeout"
     );
-    assert_eq!(q.synchronize(FOREVER).unwrap(), SyncStatus::Ready);
     assert_eq!(SyncStatus::NotReady.ze_result(), 1);
+    assert!(
+        unsafe { bytes(dst, n) }.iter().all(|&b| b == 0),
+        "copy ran early"
+    );
+    gate.host_signal().unwrap();
+    assert_eq!(q.synchronize(FOREVER).unwrap(), SyncStatus::Ready);
+    assert_eq!(q.synchronize(0).unwrap(), SyncStatus::Ready);
+    assert_eq!(SyncStatus::Ready.ze_result(), 0);
     let d = unsafe { bytes(dst, n) };
     for off in [0, 4, n / 2, n - 4] {
         assert_eq!(&d[off..off + 4], &[1, 2, 3, 4], "offset {off}");
     }
+}
+
+/// How long a negative check ("not signalled yet") waits, and how long a positive one may take
+/// before the test fails instead of hanging.
+const NOT_YET_NS: u64 = 30_000_000;
+const AT_MOST_NS: u64 = 30_000_000_000;
+
+#[test]
+fn barrier_waits_for_its_events_before_later_commands_run() {
+    let (_rt, d0, d1, ctx) = setup(64 << 20);
+    let n = 64 * KIB;
+    let y = ctx.alloc_device(&d0, &AllocDesc::new(n)).unwrap();
+    // Queue B signals `ev_b` once the host opens `gate_b`.
+    let qb = ctx.create_command_queue(&d1).unwrap();
+    let gate_b = ctx.create_event().unwrap();
+    let ev_b = ctx.create_event().unwrap();
+    let lb = closed_list(&ctx, &d1, |l| {
+        l.append_barrier(Some(&ev_b), &[&gate_b]).unwrap()
+    });
+    qb.execute_command_lists(&[&lb], None).unwrap();
+    // Queue A: a barrier waiting on queue B's event, then a fill that must not run before it.
+    let qa = ctx.create_command_queue(&d0).unwrap();
+    let filled = ctx.create_event().unwrap();
+    let la = closed_list(&ctx, &d0, |l| {
+        l.append_barrier(None, &[&ev_b]).unwrap();
+        l.append_memory_fill(y, &[7], n, Some(&filled), &[])
+            .unwrap();
+    });
+    qa.execute_command_lists(&[&la], None).unwrap();
+    assert_eq!(
+        filled.host_synchronize(NOT_YET_NS).unwrap(),
+        SyncStatus::NotReady,
+        "the fill after the barrier ran before the barrier's event was signalled"
+    );
+    assert!(unsafe { bytes(y, n) }.iter().all(|&b| b == 0));
+    assert_eq!(qa.synchronize(0).unwrap(), SyncStatus::NotReady);
+    assert_eq!(ev_b.query_status().unwrap(), SyncStatus::NotReady);
+    gate_b.host_signal().unwrap();
+    assert_eq!(
+        ev_b.host_synchronize(AT_MOST_NS).unwrap(),
+        SyncStatus::Ready
+    );
+    assert_eq!(
+        filled.host_synchronize(AT_MOST_NS).unwrap(),
+        SyncStatus::Ready
+    );
+    assert!(unsafe { bytes(y, n) }.iter().all(|&b| b == 7));
+    assert_eq!(qa.synchronize(AT_MOST_NS).unwrap(), SyncStatus::Ready);
+    assert_eq!(qb.synchronize(AT_MOST_NS).unwrap(), SyncStatus::Ready);
+}
+
+#[test]
+fn barrier_signals_its_event_only_after_every_prior_command() {
+    let (_rt, d0, _d1, ctx) = setup(64 << 20);
+    let n = 256 * KIB;
+    let src = ctx.alloc_host(&AllocDesc::new(n)).unwrap();
+    let mid = ctx.alloc_device(&d0, &AllocDesc::new(n)).unwrap();
+    let dst = ctx.alloc_host(&AllocDesc::new(n)).unwrap();
+    unsafe { bytes(src, n) }.fill(0x3C);
+    let q = ctx.create_command_queue(&d0).unwrap();
+    let gate = ctx.create_event().unwrap();
+    let bar = ctx.create_event().unwrap();
+    // Prior commands: a copy held behind `gate`, then a second copy; then the barrier.
+    let l = closed_list(&ctx, &d0, |l| {
+        l.append_memory_copy(mid, src, n, None, &[&gate]).unwrap();
+        l.append_memory_copy(dst, mid, n, None, &[]).unwrap();
+        l.append_barrier(Some(&bar), &[]).unwrap();
+    });
+    q.execute_command_lists(&[&l], None).unwrap();
+    assert_eq!(
+        bar.host_synchronize(NOT_YET_NS).unwrap(),
+        SyncStatus::NotReady,
+        "the barrier signalled while earlier commands were still waiting"
+    );
+    assert!(unsafe { bytes(dst, n) }.iter().all(|&b| b == 0));
+    gate.host_signal().unwrap();
+    assert_eq!(bar.host_synchronize(AT_MOST_NS).unwrap(), SyncStatus::Ready);
+    // When the barrier's event is seen signalled, both earlier copies have finished.
+    assert!(
+        unsafe { bytes(dst, n) }.iter().all(|&b| b == 0x3C),
+        "the barrier signalled before the copies before it finished"
+    );
+    assert_eq!(q.synchronize(AT_MOST_NS).unwrap(), SyncStatus::Ready);
 }
 
 fn task_count() -> usize {

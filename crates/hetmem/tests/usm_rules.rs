@@ -103,27 +103,53 @@ fn size_over_max_alloc_is_unsupported_size_unless_relaxed_max_size() {
     }
 }
 
+/// Decodes a chained relaxed-limits descriptor the way the C ABI will: from its raw `stype` and
+/// `flags`, through `hetmem::usm::relaxed_limits_from_desc`, into `AllocDesc`.
 #[test]
 fn relaxed_limits_descriptor_in_extension_and_experimental_forms_needs_max_size() {
-    use hetmem::usm::{is_relaxed_limits_stype, relaxed_max_size_from_raw};
-    let (_rt, dev, ctx) = setup();
+    use hetmem::usm::{
+        relaxed_limits_from_desc, RELAXED_LIMITS_EXP_STYPE, RELAXED_LIMITS_EXT_STYPE,
+    };
+    let (rt, dev, ctx) = setup();
     let big = MAX_ALLOC as usize + 2 * MIB;
-    // Both forms are recognised; anything else is not this descriptor.
+    assert_eq!(RELAXED_LIMITS_EXT_STYPE, 0x10016);
+    assert_eq!(RELAXED_LIMITS_EXP_STYPE, 0x0002_0001);
     for stype in [0x10016u32, 0x0002_0001] {
-        assert!(is_relaxed_limits_stype(stype), "{stype:#x}");
-        // MAX_SIZE: the size may exceed the largest single allocation.
-        let relaxed = relaxed_max_size_from_raw(1).unwrap();
-        let p = ctx
-            .alloc_device(&dev, &AllocDesc::new(big).relaxed_max_size(relaxed))
-            .unwrap();
-        ctx.free_memory(p).unwrap();
-        // Without MAX_SIZE: INVALID_ARGUMENT; other bits: INVALID_ENUMERATION.
-        assert_eq!(code(relaxed_max_size_from_raw(0)), 0x7800_0004);
-        assert_eq!(code(relaxed_max_size_from_raw(3)), 0x7800_000c);
+        // MAX_SIZE: the size may exceed the largest single allocation, on every kind.
+        let relaxed = relaxed_limits_from_desc(stype, 1).unwrap();
+        assert!(relaxed, "{stype:#x}");
+        let d = AllocDesc::new(big).relaxed_max_size(relaxed);
+        for p in [
+            ctx.alloc_device(&dev, &d).unwrap(),
+            ctx.alloc_host(&d).unwrap(),
+            ctx.alloc_shared(Some(&dev), &d).unwrap(),
+        ] {
+            assert_eq!(ctx.get_address_range(p).unwrap(), (p, big));
+            ctx.free_memory(p).unwrap();
+        }
+        // flags 0 (no MAX_SIZE): INVALID_ARGUMENT, as the reference driver answers; the
+        // message names the value. Other bits: INVALID_ENUMERATION.
+        let e = relaxed_limits_from_desc(stype, 0).unwrap_err();
+        assert_eq!(e.ze_result(), INVALID_ARGUMENT, "{stype:#x}");
+        assert!(e.to_string().contains("0x0"), "{e}");
+        for bad in [2u32, 3, 0x8000_0001] {
+            let e = relaxed_limits_from_desc(stype, bad).unwrap_err();
+            assert_eq!(e.ze_result(), 0x7800_000c, "{stype:#x} {bad:#x}");
+            assert!(e.to_string().contains(&format!("{bad:#x}")), "{e}");
+        }
     }
-    for other in [0u32, 0x15, 0x16, 0x1000a, 0x10017, 0x0002_0002] {
-        assert!(!is_relaxed_limits_stype(other), "{other:#x}");
+    // Any other stype is not this descriptor: UNSUPPORTED_ENUMERATION, naming the stype.
+    for other in [0u32, 0x15, 0x16, 0x10009, 0x1000a, 0x10017, 0x0002_0002] {
+        let e = relaxed_limits_from_desc(other, 1).unwrap_err();
+        assert_eq!(e.ze_result(), 0x7800_000d, "{other:#x}");
+        assert!(e.to_string().contains(&format!("{other:#x}")), "{e}");
     }
+    // Without the descriptor the limit holds; nothing leaked above.
+    assert_eq!(
+        code(ctx.alloc_device(&dev, &AllocDesc::new(big))),
+        UNSUPPORTED_SIZE
+    );
+    assert_eq!(rt.driver().usm_stats().allocations, 0);
 }
 
 #[test]
@@ -237,29 +263,54 @@ fn properties_report_type_device_unique_id_and_page_size() {
     assert!(!ids.contains(&ctx.get_allocation_properties(h2).unwrap().id));
 }
 
+/// Every combination the extension allows: COMPRESSED and UNCOMPRESSED, each on a device and
+/// on a host allocation, decoded from the raw flags as the C ABI will; each is recorded and
+/// shown by the properties of any pointer into the allocation.
 #[test]
-fn compression_hint_is_recorded_in_properties() {
-    let (_rt, dev, ctx) = setup();
-    let c = ctx
-        .alloc_device(
-            &dev,
-            &AllocDesc::new(4096).compression(CompressionHint::Compressed),
-        )
-        .unwrap();
-    let u = ctx
-        .alloc_host(&AllocDesc::new(4096).compression(CompressionHint::Uncompressed))
-        .unwrap();
-    let n = ctx.alloc_host(&AllocDesc::new(4096)).unwrap();
-    let get = |p| ctx.get_allocation_properties(p).unwrap().compression;
-    assert_eq!(get(c), Some(CompressionHint::Compressed));
-    assert_eq!(get(u), Some(CompressionHint::Uncompressed));
-    assert_eq!(get(n), None);
+fn compression_hints_compressed_and_uncompressed_on_device_and_host_are_recorded_in_properties() {
+    let (rt, dev, ctx) = setup();
+    let n = 3 * MIB;
+    for (raw, hint) in [
+        (1u32, CompressionHint::Compressed),
+        (2, CompressionHint::Uncompressed),
+    ] {
+        assert_eq!(CompressionHint::from_raw(raw).unwrap(), hint);
+        assert_eq!(hint.raw(), raw);
+        let d = AllocDesc::new(n).compression(CompressionHint::from_raw(raw).unwrap());
+        for (kind, p) in [
+            (MemoryType::Device, ctx.alloc_device(&dev, &d).unwrap()),
+            (MemoryType::Host, ctx.alloc_host(&d).unwrap()),
+        ] {
+            for at in [p, p + n / 2, p + n - 1] {
+                let props = ctx.get_allocation_properties(at).unwrap();
+                assert_eq!(props.memory_type, kind, "{hint:?}");
+                assert_eq!(props.compression, Some(hint), "{hint:?} {kind:?}");
+            }
+            let shown = format!("{:?}", ctx.get_allocation_properties(p).unwrap());
+            assert!(shown.contains(&format!("{hint:?}")), "{shown}");
+            // The memory behaves as any other.
+            unsafe { std::slice::from_raw_parts_mut(p as *mut u8, n) }.fill(0xA5);
+            ctx.free_memory(p).unwrap();
+        }
+    }
+    // No hint chained: none recorded.
+    let p = ctx.alloc_device(&dev, &AllocDesc::new(n)).unwrap();
+    assert_eq!(ctx.get_allocation_properties(p).unwrap().compression, None);
+    ctx.free_memory(p).unwrap();
+    assert_eq!(rt.driver().usm_stats().allocations, 0);
 }
 
+/// Both flags at once (and no flag, or an unknown bit) is not one of the flags: the reference
+/// driver's ZE_RESULT_ERROR_UNSUPPORTED_ENUMERATION; no allocation is made.
 #[test]
-fn compression_hint_with_both_flags_is_unsupported_enumeration() {
-    assert_eq!(code(CompressionHint::from_raw(3)), 0x7800_000d);
-    assert_eq!(code(CompressionHint::from_raw(0)), 0x7800_000d);
+fn compression_hints_invalid_combination_is_unsupported_enumeration() {
+    let (rt, _dev, _ctx) = setup();
+    for bad in [3u32, 0, 4, 0x8000_0000] {
+        let e = CompressionHint::from_raw(bad).unwrap_err();
+        assert_eq!(e.ze_result(), 0x7800_000d, "{bad:#x}");
+        assert!(e.to_string().contains(&format!("{bad:#x}")), "{e}");
+    }
+    assert_eq!(rt.driver().usm_stats().allocations, 0);
 }
 
 #[test]

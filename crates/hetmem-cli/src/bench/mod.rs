@@ -20,7 +20,7 @@ use rustix::mm::{MapFlags, ProtFlags};
 /// Arguments of `hetmem bench`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Benchmark group: vmm, usm, ipc.
+    /// Benchmark group: vmm, usm, ipc, managed.
     pub group: String,
     /// Write every figure of the group to this JSON file.
     #[arg(long)]
@@ -80,6 +80,9 @@ pub fn json_extra(key: &str, v: f64) {
         .push((key.to_string(), v));
 }
 
+/// Every benchmark group `run` knows (the error for an unknown one lists them).
+pub const GROUPS: [&str; 4] = ["vmm", "usm", "ipc", "managed"];
+
 pub fn run(args: Args) -> Result<(), String> {
     let rows = match args.group.as_str() {
         "vmm" => vmm::bench(&args)?,
@@ -90,7 +93,8 @@ pub fn run(args: Args) -> Result<(), String> {
         "ipc-importer" => return ipc::importer().map(|_| ()),
         other => {
             return Err(format!(
-                "unknown benchmark group {other:?}; groups: vmm, usm, ipc"
+                "unknown benchmark group {other:?}; groups: {}",
+                GROUPS.join(", ")
             ))
         }
     };

@@ -1,0 +1,113 @@
+//! One test per configuration rule of the runtime builder and `Runtime::from_env` (issue 2,
+//! "Object model"): bad values are refused with `InvalidArgument` naming them, never a runtime
+//! with 0-byte devices.
+//!
+//! The environment cases run in real child processes (this test binary, one test, selected by
+//! `HETMEM_CONFIG_CHILD`), so no test changes the environment of a process running others.
+
+use hetmem::Runtime;
+
+const INVALID_ARGUMENT: u32 = 0x7800_0004;
+const CHILD: &str = "HETMEM_CONFIG_CHILD";
+
+/// Runs test `name` of this binary in a child with `env` set (and every other `HETMEM_`
+/// variable removed); panics with its output unless it succeeds.
+fn in_child(name: &str, env: &[(&str, &str)]) {
+    let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+    c.args(["--exact", name, "--nocapture", "--test-threads=1"]);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("HETMEM_") {
+            c.env_remove(k);
+        }
+    }
+    c.env(CHILD, "1");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().unwrap();
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "child {name} failed:\n{text}");
+    assert!(text.contains("1 passed"), "child ran no test:\n{text}");
+}
+
+#[test]
+fn host_device_memory_0_from_the_builder_is_invalid_argument() {
+    let e = Runtime::builder()
+        .host_devices(2)
+        .host_device_memory(0)
+        .build()
+        .expect_err("0-byte devices must be refused");
+    assert_eq!(e.ze_result(), INVALID_ARGUMENT);
+    assert!(e.to_string().contains("0 bytes"), "{e}");
+    // A largest single allocation of 0 is refused the same way.
+    let e = Runtime::builder()
+        .host_devices(1)
+        .host_device_memory(64 << 20)
+        .host_max_alloc_size(0)
+        .build()
+        .expect_err("a 0-byte largest allocation must be refused");
+    assert_eq!(e.ze_result(), INVALID_ARGUMENT);
+    assert!(e.to_string().contains("0 bytes"), "{e}");
+    // The smallest sensible configuration still works.
+    let rt = Runtime::builder()
+        .host_devices(1)
+        .host_device_memory(64 << 20)
+        .build()
+        .unwrap();
+    assert_eq!(rt.driver().devices()[0].info().capacity, 64 << 20);
+}
+
+#[test]
+fn hetmem_host_device_memory_0_from_env_is_invalid_argument_naming_the_value() {
+    if std::env::var_os(CHILD).is_none() {
+        for v in ["0", "0M", "0G"] {
+            in_child(
+                "hetmem_host_device_memory_0_from_env_is_invalid_argument_naming_the_value",
+                &[("HETMEM_HOST_DEVICE_MEMORY", v)],
+            );
+        }
+        return;
+    }
+    let v = std::env::var("HETMEM_HOST_DEVICE_MEMORY").unwrap();
+    let e = Runtime::from_env().expect_err("0-byte devices must be refused");
+    assert_eq!(e.ze_result(), INVALID_ARGUMENT);
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&format!("HETMEM_HOST_DEVICE_MEMORY={v:?}")),
+        "{msg}"
+    );
+}
+
+#[test]
+fn hetmem_host_device_memory_not_a_size_is_invalid_argument_naming_the_value() {
+    if std::env::var_os(CHILD).is_none() {
+        in_child(
+            "hetmem_host_device_memory_not_a_size_is_invalid_argument_naming_the_value",
+            &[("HETMEM_HOST_DEVICE_MEMORY", "lots")],
+        );
+        in_child(
+            "hetmem_host_device_memory_not_a_size_is_invalid_argument_naming_the_value",
+            &[("HETMEM_HOST_DEVICE_MEMORY", "64M")],
+        );
+        return;
+    }
+    let v = std::env::var("HETMEM_HOST_DEVICE_MEMORY").unwrap();
+    if v == "64M" {
+        // A valid value is taken as given.
+        let rt = Runtime::from_env().unwrap();
+        for d in rt.driver().devices() {
+            assert_eq!(d.info().capacity, 64 << 20);
+        }
+        return;
+    }
+    let e = Runtime::from_env().expect_err("not a size");
+    assert_eq!(e.ze_result(), INVALID_ARGUMENT);
+    assert!(
+        e.to_string().contains("HETMEM_HOST_DEVICE_MEMORY=\"lots\""),
+        "{e}"
+    );
+}
