@@ -289,11 +289,11 @@ impl ManagedOps for HostManaged {
             made.push(at);
             // SAFETY: MAP_FIXED over the placeholder we just made; the memfd is `size` long.
             let r = unsafe {
-                rustix::mm::mmap(
-                    at as *mut _,
+                super::map_shared_fixed(
+                    at,
                     size,
                     ProtFlags::READ | ProtFlags::WRITE,
-                    MapFlags::SHARED | MapFlags::FIXED,
+                    MapFlags::empty(),
                     &fd,
                     0,
                 )

@@ -177,6 +177,34 @@ fn mprotect_flags(p: Protection) -> MprotectFlags {
 
 const PLACEHOLDER: MapFlags = MapFlags::PRIVATE.union(MapFlags::NORESERVE);
 
+/// Maps `[offset, offset+size)` of `fd` at `addr` read-write or as `prot` says:
+/// `mmap(addr, size, prot, MAP_SHARED | MAP_FIXED | extra, fd, offset)`.
+///
+/// # Safety
+/// `[addr, addr+size)` belongs to the caller (its own placeholder or mapping), which MAP_FIXED
+/// replaces.
+pub(crate) unsafe fn map_shared_fixed<Fd: std::os::fd::AsFd>(
+    addr: usize,
+    size: usize,
+    prot: ProtFlags,
+    extra: MapFlags,
+    fd: Fd,
+    offset: u64,
+) -> rustix::io::Result<()> {
+    // SAFETY: forwarded contract.
+    unsafe {
+        rustix::mm::mmap(
+            addr as *mut _,
+            size,
+            prot,
+            MapFlags::SHARED | MapFlags::FIXED | extra,
+            fd,
+            offset,
+        )
+    }
+    .map(|_| ())
+}
+
 /// Reserves inaccessible address space: `mmap(PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS |
 /// MAP_NORESERVE)`, with `MAP_FIXED_NOREPLACE` at `hint` when given (never replaces a mapping),
 /// over-allocating by `align` and `munmap`-ing the slack to align the start.
@@ -323,11 +351,11 @@ impl Backend for HostBackend {
         // SAFETY: [addr, addr+size) is an unmapped part of one of our reservations, so MAP_FIXED
         // replaces only our own placeholder.
         let r = unsafe {
-            rustix::mm::mmap(
-                addr as *mut _,
+            map_shared_fixed(
+                addr,
                 size,
                 prot_flags(prot),
-                MapFlags::SHARED | MapFlags::FIXED,
+                MapFlags::empty(),
                 fd,
                 phys_offset as u64,
             )
@@ -377,11 +405,11 @@ impl Backend for HostBackend {
         let addr = unsafe { reserve_placeholder(None, size, align)? };
         // SAFETY: MAP_FIXED over our own fresh placeholder; the memfd is `size` bytes.
         let r = unsafe {
-            rustix::mm::mmap(
-                addr as *mut _,
+            map_shared_fixed(
+                addr,
                 size,
                 ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED | MapFlags::FIXED,
+                MapFlags::empty(),
                 &fd,
                 0,
             )
