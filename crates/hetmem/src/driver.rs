@@ -169,6 +169,13 @@ impl RuntimeBuilder {
     /// `Uninitialized` for the cuda backend, which is not part of this build yet.
     pub fn build(mut self) -> Result<Runtime> {
         if self.backend == BackendKind::Host {
+            if self.host.devices == 0 {
+                return Err(Error::InvalidArgument(
+                    "host device count is 0 (host_devices(0) or HETMEM_HOST_DEVICES=0); \
+                     the host backend needs at least 1 device"
+                        .into(),
+                ));
+            }
             if self.host.device_memory == 0 {
                 return Err(Error::InvalidArgument(
                     "host device memory is 0 bytes (host_device_memory(0) or \

@@ -111,3 +111,10 @@ fn hetmem_host_device_memory_not_a_size_is_invalid_argument_naming_the_value() {
         "{e}"
     );
 }
+
+#[test]
+fn host_device_count_0_is_invalid_argument_decided_by_the_builder() {
+    let e = Runtime::builder().host_devices(0).build().unwrap_err();
+    assert_eq!(e.ze_result(), INVALID_ARGUMENT, "{e}");
+    assert!(e.message().contains("device count is 0"), "{e}");
+}

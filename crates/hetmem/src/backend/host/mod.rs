@@ -106,13 +106,10 @@ pub struct HostBackend {
 }
 
 impl HostBackend {
-    /// Makes the backend with `config.devices` virtual devices and raises the fd limit.
+    /// Makes the backend with `config.devices` virtual devices and raises the fd limit. The
+    /// configuration was validated by the runtime builder (at least one device, non-zero sizes).
     pub fn new(config: HostConfig) -> Result<HostBackend> {
-        if config.devices == 0 {
-            return Err(Error::InvalidArgument(
-                "host backend needs at least 1 device, got 0".into(),
-            ));
-        }
+        debug_assert!(config.devices > 0 && config.device_memory > 0);
         raise_fd_limit();
         let page = os_page_size();
         let devices = (0..config.devices)
