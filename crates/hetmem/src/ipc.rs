@@ -1163,7 +1163,7 @@ impl Context {
                 Addr(e)
             )));
         }
-        if let Some((s, e)) = usm.overlapping_range(ptr, end) {
+        if let Some((s, e)) = usm.overlapping(ptr, end) {
             return Err(Error::InvalidArgument(format!(
                 "IPC range [{}, {}) includes the USM allocation [{}, {}); range handles cover \
                  reserved VA mapped to physical memory only",

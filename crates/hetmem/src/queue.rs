@@ -314,12 +314,6 @@ impl InFlight {
         ready
     }
 
-    /// Whether queued or running work references allocation `id`.
-    #[allow(dead_code)] // for callers that only ask (tests, diagnostics)
-    pub(crate) fn is_referenced(&self, id: u64) -> bool {
-        self.is_referenced_ref(InFlightRef::Usm(id))
-    }
-
     /// Whether queued or running work references `r`.
     pub(crate) fn is_referenced_ref(&self, r: InFlightRef) -> bool {
         self.state.lock().counts.contains_key(&r)
@@ -391,7 +385,7 @@ fn check_operand(
             op.size
         ))
     })?;
-    if let (Some(p), Some((base, size))) = (usm.properties(op.ptr), usm.address_range(op.ptr)) {
+    if let Some((base, size, id, read_only)) = usm.operand_info(op.ptr) {
         if end > base + size {
             return Err(Error::InvalidArgument(format!(
                 "{what} [{}, {}) runs past the end {} of its allocation at {}",
@@ -401,13 +395,13 @@ fn check_operand(
                 Addr(base)
             )));
         }
-        if op.write && p.read_only {
+        if op.write && read_only {
             return Err(Error::InvalidArgument(format!(
                 "{what} {} is in an import recorded read-only",
                 Addr(op.ptr)
             )));
         }
-        return Ok(InFlightRef::Usm(p.id));
+        return Ok(InFlightRef::Usm(id));
     }
     if let Some((base, size)) = views.range(op.ptr) {
         // Views are mapped read-write for their whole size (see `crate::ipc`).
@@ -478,27 +472,32 @@ enum Cmd {
 }
 
 impl Cmd {
-    fn operands(&self) -> Vec<Operand> {
-        match *self {
-            Cmd::Copy { dst, src, size } => vec![
-                Operand {
+    /// The memory operands of the command (at most two; no allocation on the submit path).
+    fn operands(&self) -> impl Iterator<Item = Operand> {
+        let ops = match *self {
+            Cmd::Copy { dst, src, size } => [
+                Some(Operand {
                     ptr: dst,
                     size,
                     write: true,
-                },
-                Operand {
+                }),
+                Some(Operand {
                     ptr: src,
                     size,
                     write: false,
-                },
+                }),
             ],
-            Cmd::Fill { ptr, size, .. } => vec![Operand {
-                ptr,
-                size,
-                write: true,
-            }],
-            Cmd::Signal(_) | Cmd::Wait(_) => Vec::new(),
-        }
+            Cmd::Fill { ptr, size, .. } => [
+                Some(Operand {
+                    ptr,
+                    size,
+                    write: true,
+                }),
+                None,
+            ],
+            Cmd::Signal(_) | Cmd::Wait(_) => [None, None],
+        };
+        ops.into_iter().flatten()
     }
 }
 
@@ -1151,12 +1150,12 @@ mod tests {
             .unwrap();
         l.close().unwrap();
         let inflight = &rt.driver().shared.inflight;
-        assert!(!inflight.is_referenced(ia));
+        assert!(!inflight.is_referenced_ref(InFlightRef::Usm(ia)));
         q.execute_command_lists(&[&l], None).unwrap();
-        assert!(inflight.is_referenced(ia));
+        assert!(inflight.is_referenced_ref(InFlightRef::Usm(ia)));
         gate.host_signal().unwrap();
         inflight.wait_unreferenced(ia);
-        assert!(!inflight.is_referenced(ia));
+        assert!(!inflight.is_referenced_ref(InFlightRef::Usm(ia)));
         assert_eq!(q.synchronize(u64::MAX).unwrap(), SyncStatus::Ready);
     }
 }

@@ -334,7 +334,7 @@ impl UsmState {
             devmem,
             max_alloc: d.iter().map(|d| d.max_alloc_size).collect(),
             min_page: d.iter().map(|d| d.min_page_size).collect(),
-            host_page: crate::backend::host::os_page_size(),
+            host_page: backend.host_page_size(),
         }
     }
 
@@ -444,8 +444,8 @@ impl UsmState {
         Ok(addr)
     }
 
-    /// Whether a live record overlaps `[start, end)`.
-    fn overlapping(&self, start: usize, end: usize) -> Option<(usize, usize)> {
+    /// The last live allocation or import that overlaps `[start, end)`, as `(base, end)`.
+    pub(crate) fn overlapping(&self, start: usize, end: usize) -> Option<(usize, usize)> {
         let (&b, r) = self.allocs.range(..end).next_back()?;
         (b + r.extent() > start).then_some((b, b + r.extent()))
     }
@@ -591,6 +591,12 @@ impl UsmState {
         })
     }
 
+    /// Queue operand checks ([`crate::queue`]): `(base, size, id, read_only)` of the allocation
+    /// or import containing `ptr`, in one lookup.
+    pub(crate) fn operand_info(&self, ptr: usize) -> Option<(usize, usize, u64, bool)> {
+        self.find(ptr).map(|(b, r)| (b, r.size, r.id, r.read_only))
+    }
+
     /// `(base, size)` of the allocation or import containing `ptr`, if any.
     pub(crate) fn address_range(&self, ptr: usize) -> Option<(usize, usize)> {
         self.find(ptr).map(|(b, r)| (b, r.size))
@@ -634,12 +640,6 @@ impl UsmState {
             .values()
             .filter(|r| r.ipc_types.is_some())
             .count()
-    }
-
-    /// IPC range export ([`crate::ipc`]): a live allocation or import overlapping
-    /// `[start, end)`, as `(base, end)`.
-    pub(crate) fn overlapping_range(&self, start: usize, end: usize) -> Option<(usize, usize)> {
-        self.overlapping(start, end)
     }
 
     /// Context teardown, first half: takes every allocation and import of `context` out of the

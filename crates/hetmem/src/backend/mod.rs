@@ -158,6 +158,10 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Bytes of host memory that host physical memory may use in all (the machine's RAM).
     fn host_capacity(&self) -> u64;
 
+    /// The host's page size in bytes (imports of system memory are aligned to it). CUDA and
+    /// host: the OS page size (`sysconf(_SC_PAGESIZE)`).
+    fn host_page_size(&self) -> usize;
+
     /// The devices, in ordinal order.
     fn devices(&self) -> &[DeviceInfo];
 

@@ -29,10 +29,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use rustix::event::{EventfdFlags, PollFd, PollFlags};
-use rustix::fs::{FallocateFlags, MemfdFlags};
+use rustix::fs::FallocateFlags;
 use rustix::mm::{Advice, MapFlags, ProtFlags, UserfaultfdFlags};
 
-use super::{os_error, reserve_placeholder, PLACEHOLDER};
+use super::{os_error, reserve_placeholder};
 use crate::backend::managed::{Fault, FaultSink, FaultThread, ManagedOps, ManagedRange};
 use crate::backend::DeviceInfo;
 use crate::error::{Error, Result};
@@ -111,18 +111,17 @@ struct UffdMsg {
 ///
 /// # Safety
 /// `arg` points to the structure `req` expects, valid for reads and writes.
-unsafe fn uffd_ioctl<T>(fd: &OwnedFd, req: u64, arg: &mut T) -> std::result::Result<(), i32> {
+unsafe fn uffd_ioctl<T>(fd: &OwnedFd, req: u64, arg: &mut T) -> rustix::io::Result<()> {
     // SAFETY: the caller passes the structure matching `req`; the fd is a live userfaultfd.
     let r = unsafe { libc::ioctl(fd.as_raw_fd(), req as _, arg as *mut T) };
     if r == 0 {
         Ok(())
     } else {
-        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+        Err(
+            rustix::io::Errno::from_io_error(&std::io::Error::last_os_error())
+                .unwrap_or(rustix::io::Errno::IO),
+        )
     }
-}
-
-fn errno_name(e: i32) -> String {
-    rustix::io::Errno::from_raw_os_error(e).to_string()
 }
 
 /// Why managed memory cannot work here, or the userfaultfd ready for use.
@@ -157,7 +156,7 @@ fn open_userfaultfd() -> std::result::Result<(OwnedFd, bool), String> {
     };
     // SAFETY: UFFDIO_API takes a uffdio_api.
     if let Err(e) = unsafe { uffd_ioctl(&fd, UFFDIO_API, &mut api) } {
-        return Err(format!("ioctl(UFFDIO_API) failed: {}", errno_name(e)));
+        return Err(format!("ioctl(UFFDIO_API) failed: {e}"));
     }
     let need =
         UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_MINOR_SHMEM | UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
@@ -192,10 +191,8 @@ impl HostManaged {
         let (uffd, user_mode_only) = open_userfaultfd()?;
         let mut pools = Vec::new();
         for (i, d) in devices.iter().enumerate() {
-            let fd = rustix::fs::memfd_create("hetmem-managed-device", MemfdFlags::CLOEXEC)
-                .map_err(|e| format!("memfd_create for device {i}'s managed memory: {e}"))?;
-            rustix::fs::ftruncate(&fd, d.capacity)
-                .map_err(|e| format!("ftruncate of device {i}'s managed memory: {e}"))?;
+            let fd = super::sized_memfd("hetmem-managed-device", d.capacity)
+                .map_err(|e| format!("device {i}'s managed memory: {e}"))?;
             pools.push(fd);
         }
         Ok(HostManaged {
@@ -238,13 +235,13 @@ impl HostManaged {
             match r {
                 Ok(()) => {}
                 // Interrupted part-way: continue after `mapped`.
-                Err(libc::EAGAIN) | Err(libc::EINTR) => {}
-                Err(e) => {
-                    return Err(Error::OutOfHostMemory(format!(
-                        "ioctl(UFFDIO_CONTINUE) of {len:#x} bytes at {addr:#x} failed after {done:#x}: {}",
-                        errno_name(e)
-                    )))
-                }
+                Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(os_error(
+                    &format!(
+                        "ioctl(UFFDIO_CONTINUE) of {len:#x} bytes at {addr:#x} (after {done:#x})"
+                    ),
+                    e,
+                )),
             }
         }
         Ok(())
@@ -260,17 +257,7 @@ impl HostManaged {
 
 impl ManagedOps for HostManaged {
     fn reserve(&self, size: usize, align: usize) -> Result<ManagedRange> {
-        let fd = rustix::fs::memfd_create("hetmem-managed-host", MemfdFlags::CLOEXEC)
-            .map_err(|e| os_error("memfd_create for managed host memory", e))?;
-        if let Some(limit) = rustix::process::getrlimit(rustix::process::Resource::Fsize).current {
-            if size as u64 > limit {
-                return Err(Error::OutOfHostMemory(format!(
-                    "{size:#x} bytes exceed the file-size limit RLIMIT_FSIZE ({limit})"
-                )));
-            }
-        }
-        rustix::fs::ftruncate(&fd, size as u64)
-            .map_err(|e| os_error("ftruncate of managed host memory", e))?;
+        let fd = super::sized_memfd("hetmem-managed-host", size as u64)?;
         let mut made: Vec<usize> = Vec::new();
         let cleanup = |made: &[usize], e: Error| {
             for &m in made {
@@ -314,10 +301,7 @@ impl ManagedOps for HostManaged {
         if let Err(e) = unsafe { uffd_ioctl(&self.uffd, UFFDIO_REGISTER, &mut reg) } {
             return Err(cleanup(
                 &made,
-                Error::Unknown(format!(
-                    "ioctl(UFFDIO_REGISTER) of a managed range failed: {}",
-                    errno_name(e)
-                )),
+                os_error("ioctl(UFFDIO_REGISTER) of a managed range", e),
             ));
         }
         if reg.ioctls & IOCTL_WRITEPROTECT_BIT == 0 {
@@ -383,15 +367,7 @@ impl ManagedOps for HostManaged {
 
     unsafe fn device_unmap(&self, _device: u32, mirror_addr: usize, len: usize) {
         // SAFETY: the mirror page is ours; the placeholder comes back over it.
-        unsafe {
-            rustix::mm::mmap_anonymous(
-                mirror_addr as *mut _,
-                len,
-                ProtFlags::empty(),
-                PLACEHOLDER | MapFlags::FIXED,
-            )
-            .ok()
-        };
+        unsafe { super::restore_placeholder(mirror_addr, len).ok() };
     }
 
     fn device_discard(&self, device: u32, slot: u32, len: usize) {
@@ -527,12 +503,12 @@ impl ManagedOps for HostManaged {
             // SAFETY: UFFDIO_WRITEPROTECT takes a uffdio_writeprotect.
             match unsafe { uffd_ioctl(&self.uffd, UFFDIO_WRITEPROTECT, &mut w) } {
                 Ok(()) => return Ok(()),
-                Err(libc::EAGAIN) | Err(libc::EINTR) => continue,
+                Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => {
-                    return Err(Error::Unknown(format!(
-                        "ioctl(UFFDIO_WRITEPROTECT) at {addr:#x} failed: {}",
-                        errno_name(e)
-                    )))
+                    return Err(os_error(
+                        &format!("ioctl(UFFDIO_WRITEPROTECT) at {addr:#x}"),
+                        e,
+                    ))
                 }
             }
         }

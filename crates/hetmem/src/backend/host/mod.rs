@@ -174,6 +174,25 @@ fn mprotect_flags(p: Protection) -> MprotectFlags {
 
 const PLACEHOLDER: MapFlags = MapFlags::PRIVATE.union(MapFlags::NORESERVE);
 
+/// Puts the inaccessible placeholder back over `[addr, addr+size)`:
+/// `mmap(PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED)`. The range stays
+/// reserved and its pages lose their memory.
+///
+/// # Safety
+/// `[addr, addr+size)` belongs to the caller (its own placeholder or mapping).
+pub(crate) unsafe fn restore_placeholder(addr: usize, size: usize) -> rustix::io::Result<()> {
+    // SAFETY: forwarded contract.
+    unsafe {
+        rustix::mm::mmap_anonymous(
+            addr as *mut _,
+            size,
+            ProtFlags::empty(),
+            PLACEHOLDER | MapFlags::FIXED,
+        )
+    }
+    .map(|_| ())
+}
+
 /// Maps `[offset, offset+size)` of `fd` at `addr` read-write or as `prot` says:
 /// `mmap(addr, size, prot, MAP_SHARED | MAP_FIXED | extra, fd, offset)`.
 ///
@@ -253,26 +272,31 @@ pub unsafe fn reserve_placeholder(hint: Option<usize>, size: usize, align: usize
     Ok(start)
 }
 
-/// Creates a sealed memfd of `size` bytes: `memfd_create(MFD_CLOEXEC | MFD_ALLOW_SEALING)`,
-/// `ftruncate`, `fcntl(F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL)`.
+/// Creates a sealed memfd of `size` bytes: [`sized_memfd`], then
+/// `fcntl(F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL)`.
 pub fn sealed_memfd(size: usize) -> Result<OwnedFd> {
-    let fd = rustix::fs::memfd_create(
-        "hetmem-physical",
-        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
-    )
-    .map_err(|e| os_error("memfd_create", e))?;
+    let fd = sized_memfd("hetmem-physical", size as u64)?;
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL)
+        .map_err(|e| os_error("fcntl(F_ADD_SEALS)", e))?;
+    Ok(fd)
+}
+
+/// Creates a memfd of `size` bytes, not yet sealed: `memfd_create(MFD_CLOEXEC |
+/// MFD_ALLOW_SEALING)`, then `ftruncate` (after checking `RLIMIT_FSIZE`, which would otherwise
+/// kill the process with `SIGXFSZ`).
+pub fn sized_memfd(name: &str, size: u64) -> Result<OwnedFd> {
+    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+        .map_err(|e| os_error("memfd_create", e))?;
     // ftruncate past RLIMIT_FSIZE raises SIGXFSZ, which kills the process: refuse first.
     if let Some(limit) = rustix::process::getrlimit(rustix::process::Resource::Fsize).current {
-        if size as u64 > limit {
+        if size > limit {
             return Err(Error::OutOfHostMemory(format!(
                 "{size:#x} bytes exceed the file-size limit RLIMIT_FSIZE ({limit}) that memfd \
-                 physical memory is subject to"
+                 memory is subject to"
             )));
         }
     }
-    rustix::fs::ftruncate(&fd, size as u64).map_err(|e| os_error("ftruncate(memfd)", e))?;
-    rustix::fs::fcntl_add_seals(&fd, SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL)
-        .map_err(|e| os_error("fcntl(F_ADD_SEALS)", e))?;
+    rustix::fs::ftruncate(&fd, size).map_err(|e| os_error("ftruncate(memfd)", e))?;
     Ok(fd)
 }
 
@@ -292,6 +316,10 @@ impl Backend for HostBackend {
 
     fn host_capacity(&self) -> u64 {
         total_ram()
+    }
+
+    fn host_page_size(&self) -> usize {
+        os_page_size()
     }
 
     fn devices(&self) -> &[DeviceInfo] {
@@ -363,15 +391,7 @@ impl Backend for HostBackend {
                 // A failed MAP_FIXED may have dropped the placeholder; put it back so the range
                 // stays reserved.
                 // SAFETY: same range, still ours.
-                unsafe {
-                    rustix::mm::mmap_anonymous(
-                        addr as *mut _,
-                        size,
-                        ProtFlags::empty(),
-                        PLACEHOLDER | MapFlags::FIXED,
-                    )
-                    .ok()
-                };
+                unsafe { restore_placeholder(addr, size).ok() };
                 Err(os_error("mmap(MAP_FIXED) of a physical object", e))
             }
         }
@@ -379,16 +399,8 @@ impl Backend for HostBackend {
 
     unsafe fn unmap(&self, addr: usize, size: usize) -> Result<()> {
         // SAFETY: the range is mapped pages of our own reservation.
-        unsafe {
-            rustix::mm::mmap_anonymous(
-                addr as *mut _,
-                size,
-                ProtFlags::empty(),
-                PLACEHOLDER | MapFlags::FIXED,
-            )
-        }
-        .map(|_| ())
-        .map_err(|e| os_error("mmap(PROT_NONE, MAP_FIXED) to unmap", e))
+        unsafe { restore_placeholder(addr, size) }
+            .map_err(|e| os_error("mmap(PROT_NONE, MAP_FIXED) to unmap", e))
     }
 
     fn alloc(
