@@ -1,7 +1,5 @@
 //! `hetmem info`.
 
-use hetmem::backend::host;
-
 /// Arguments of `hetmem info`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -63,8 +61,7 @@ pub fn run(args: Args) -> Result<(), String> {
         "  HETMEM_BACKEND={}",
         std::env::var("HETMEM_BACKEND").unwrap_or_else(|_| "(unset: host)".into())
     );
-    if drv.backend_kind() == hetmem::BackendKind::Host {
-        let c = drv.host_config();
+    if let Some(c) = drv.host_config() {
         println!(
             "  HETMEM_HOST_DEVICES={} (env: {})",
             c.devices,
@@ -85,15 +82,20 @@ pub fn run(args: Args) -> Result<(), String> {
     }
     managed_info(&rt, &ctx);
     println!("limits:");
-    println!("  host RAM: {}", human(host::total_ram()));
-    println!("  OS page size: {} B", host::os_page_size());
+    let facts = hetmem::platform::facts();
+    println!("  host RAM: {}", human(facts.total_ram));
+    println!("  OS page size: {} B", facts.page_size);
     println!(
-        "  open files (RLIMIT_NOFILE, soft raised to hard): {}",
-        host::raise_fd_limit()
+        "  open files (RLIMIT_NOFILE soft limit in force): {}",
+        facts
+            .open_file_limit
+            .map_or("unlimited".into(), |v| v.to_string())
     );
     println!(
         "  vm.max_map_count: {}",
-        host::max_map_count().map_or("unknown".into(), |v| v.to_string())
+        facts
+            .max_map_count
+            .map_or("unknown".into(), |v| v.to_string())
     );
     Ok(())
 }

@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use crate::backend::host::{HostBackend, HostConfig};
 use crate::backend::{AllocLocation, Backend, DeviceInfo};
 use crate::capacity::DeviceMemory;
 use crate::error::{Error, Result};
@@ -78,6 +77,52 @@ pub fn parse_bytes(s: &str) -> Result<u64> {
         .map_err(|_| Error::InvalidArgument(format!("size {s:?} is not a number of bytes")))?;
     n.checked_mul(mult)
         .ok_or_else(|| Error::InvalidArgument(format!("size {s:?} overflows 64 bits")))
+}
+
+/// Settings of the host backend's virtual devices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostConfig {
+    /// Number of virtual devices (at least 1).
+    pub devices: u32,
+    /// Capacity of each device, in bytes.
+    pub device_memory: u64,
+    /// Largest single allocation on each device, in bytes (at most `device_memory`).
+    pub max_alloc_size: u64,
+}
+
+impl HostConfig {
+    /// Default: 2 devices sharing a quarter of the machine's RAM (each a multiple of 2 MiB, at
+    /// least 64 MiB); the largest single allocation is half a device's capacity.
+    pub fn default_for_machine() -> HostConfig {
+        let round = |v: u64| v / (2 << 20) * (2 << 20);
+        let devices = 2;
+        let ram = crate::backend::platform_facts().total_ram;
+        let device_memory = round(ram / 4 / devices as u64).max(64 << 20);
+        HostConfig {
+            devices,
+            device_memory,
+            max_alloc_size: round(device_memory / 2).max(2 << 20),
+        }
+    }
+}
+
+/// The backend a driver runs on, with that backend's own settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendConfig {
+    /// The host backend and its virtual devices.
+    Host(HostConfig),
+    /// The cuda backend (devices are the GPUs the CUDA driver reports).
+    Cuda,
+}
+
+impl BackendConfig {
+    /// Which backend.
+    pub fn kind(&self) -> BackendKind {
+        match self {
+            BackendConfig::Host(_) => BackendKind::Host,
+            BackendConfig::Cuda => BackendKind::Cuda,
+        }
+    }
 }
 
 /// Builds a [`Runtime`].
@@ -193,8 +238,15 @@ impl RuntimeBuilder {
         }
         // The largest single allocation cannot exceed the device.
         self.host.max_alloc_size = self.host.max_alloc_size.min(self.host.device_memory);
-        let backend: Box<dyn Backend> = match self.backend {
-            BackendKind::Host => Box::new(HostBackend::new(self.host.clone())?),
+        let (backend, config): (Box<dyn Backend>, BackendConfig) = match self.backend {
+            BackendKind::Host => (
+                crate::backend::create_host(
+                    self.host.devices,
+                    self.host.device_memory,
+                    self.host.max_alloc_size,
+                ),
+                BackendConfig::Host(self.host),
+            ),
             BackendKind::Cuda => {
                 return Err(Error::Uninitialized(
                     "the cuda backend is not part of this build yet; use HETMEM_BACKEND=host"
@@ -207,8 +259,7 @@ impl RuntimeBuilder {
         let managed = crate::managed::ManagedState::new(devmem.clone());
         let usm = UsmState::new(backend.as_ref(), devmem);
         let shared = Arc::new(DriverShared {
-            kind: self.backend,
-            host: self.host,
+            config,
             backend,
             vm: RwLock::new(vm),
             usm: RwLock::new(usm),
@@ -260,8 +311,7 @@ impl Runtime {
 
 #[derive(Debug)]
 pub(crate) struct DriverShared {
-    pub(crate) kind: BackendKind,
-    pub(crate) host: HostConfig,
+    pub(crate) config: BackendConfig,
     pub(crate) backend: Box<dyn Backend>,
     pub(crate) vm: RwLock<VmState>,
     /// USM allocations and imports. Lock order: `usm` before `vm` when both are held (an
@@ -284,7 +334,12 @@ pub struct Driver {
 impl Driver {
     /// The backend this driver runs on.
     pub fn backend_kind(&self) -> BackendKind {
-        self.shared.kind
+        self.shared.config.kind()
+    }
+
+    /// The backend and the settings in force.
+    pub fn config(&self) -> &BackendConfig {
+        &self.shared.config
     }
 
     /// A description of the backend (platform, versions).
@@ -292,9 +347,12 @@ impl Driver {
         self.shared.backend.describe()
     }
 
-    /// The host-backend configuration in force (meaningful on the host backend).
-    pub fn host_config(&self) -> &HostConfig {
-        &self.shared.host
+    /// The host-backend settings in force; `None` on another backend.
+    pub fn host_config(&self) -> Option<&HostConfig> {
+        match &self.shared.config {
+            BackendConfig::Host(h) => Some(h),
+            _ => None,
+        }
     }
 
     /// The devices (`zeDeviceGet`), in ordinal order.

@@ -158,6 +158,22 @@ impl Error {
     }
 }
 
+/// The one conversion of backend failures into spec errors. A backend never picks a spec code;
+/// this is the default the semantics layer applies, and a rule that needs another code maps the
+/// [`HalError`](crate::backend::HalError) itself.
+impl From<crate::backend::HalError> for Error {
+    fn from(e: crate::backend::HalError) -> Error {
+        use crate::backend::HalError as H;
+        match e {
+            H::OutOfHostMemory(m) => Error::OutOfHostMemory(m),
+            H::OutOfDeviceMemory(m) => Error::OutOfDeviceMemory(m),
+            H::DeviceLost(m) => Error::Unknown(format!("device lost: {m}")),
+            H::Unsupported(m) => Error::UnsupportedFeature(m),
+            H::Unexpected(m) => Error::Unknown(m),
+        }
+    }
+}
+
 /// Formats an address as `0x…` for error messages.
 pub(crate) struct Addr(pub usize);
 

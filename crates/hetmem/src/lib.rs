@@ -34,12 +34,16 @@ pub mod driver;
 pub mod error;
 pub mod ipc;
 pub mod managed;
+pub mod platform;
 pub mod queue;
 pub mod ranges;
 pub mod usm;
 pub mod vmm;
 
-pub use driver::{parse_bytes, BackendKind, Context, Device, Driver, Runtime, RuntimeBuilder};
+pub use driver::{
+    parse_bytes, BackendConfig, BackendKind, Context, Device, Driver, HostConfig, Runtime,
+    RuntimeBuilder,
+};
 pub use error::{Error, Result};
 pub use ipc::{IpcHandle, IpcHandleKind, IpcHandleTypes, IpcProperties};
 pub use managed::{

@@ -244,45 +244,7 @@ impl RangeAttribute {
     ];
 }
 
-/// The NUMA nodes of this machine (`/sys/devices/system/node/node<N>`), ascending; `[0]` if
-/// none listed. The ids `ACL_MEM_LOCATIONTYPE_HOST_NUMA` accepts. Never fails.
-pub fn numa_nodes() -> Vec<u32> {
-    let mut v: Vec<u32> = std::fs::read_dir("/sys/devices/system/node")
-        .map(|d| {
-            d.filter_map(|e| {
-                let n = e.ok()?.file_name().into_string().ok()?;
-                n.strip_prefix("node")?.parse().ok()
-            })
-            .collect()
-        })
-        .unwrap_or_default();
-    v.sort_unstable();
-    if v.is_empty() {
-        v.push(0);
-    }
-    v
-}
-
-/// The NUMA node of the CPU the calling thread runs on (`getcpu(2)`); 0 if unknown. What
-/// `ACL_MEM_LOCATIONTYPE_HOST_NUMA_CURRENT` resolves to when a call is made. Never fails.
-pub fn current_numa_node() -> u32 {
-    let mut cpu: libc::c_uint = 0;
-    let mut node: libc::c_uint = 0;
-    // SAFETY: getcpu writes two unsigned ints through valid pointers; the cache arg may be null.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_getcpu,
-            &mut cpu as *mut libc::c_uint,
-            &mut node as *mut libc::c_uint,
-            std::ptr::null_mut::<libc::c_void>(),
-        )
-    };
-    if r == 0 {
-        node
-    } else {
-        0
-    }
-}
+pub use crate::platform::{current_numa_node, numa_nodes};
 
 /// A resolved place: the host (optionally a NUMA node, for the attribute answers) or a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -851,7 +813,7 @@ impl Core {
             // SAFETY: every pending page is present on the host and its mirror page is mapped.
             let r = unsafe { self.ops.host_evict_batch(pending, PAGE) };
             pending.clear();
-            r
+            r.map_err(Error::from)
         };
         for a in (ptr..ptr + size).step_by(PAGE) {
             let p = self.page(st, a);
@@ -881,7 +843,7 @@ impl Core {
                     st.free_slots[di].push(slot);
                     self.devmem.give_back(di, PAGE as u64);
                     flush(&mut pending)?;
-                    return Err(e);
+                    return Err(e.into());
                 }
             }
             let pg = self.page_mut(st, a);
@@ -923,7 +885,7 @@ impl Core {
                 // SAFETY: our own pages; their bytes stay on the device.
                 unsafe { self.ops.host_drop(a, PAGE).ok() };
             }
-            return Err(e);
+            return Err(e.into());
         }
         for (a, _, d) in batch {
             self.note_host_install(st, a, Some(d), false);
@@ -981,7 +943,7 @@ impl Core {
                 if let Err(e) = unsafe { self.ops.device_map(d, m, slot, PAGE) } {
                     st.free_slots[d as usize].push(slot);
                     self.devmem.give_back(d as usize, PAGE as u64);
-                    return Err(e);
+                    return Err(e.into());
                 }
             }
             // The page may have changed while making room (an eviction never touches `keep`,
@@ -1190,7 +1152,7 @@ impl Core {
             }
             Location::Host => Ok(Loc::Host),
             Location::HostNuma(n) => {
-                let nodes = numa_nodes();
+                let nodes = self.ops.numa_nodes();
                 if nodes.contains(&n) {
                     Ok(Loc::Numa(n))
                 } else {
@@ -1199,7 +1161,7 @@ impl Core {
                     )))
                 }
             }
-            Location::HostNumaCurrent => Ok(Loc::Numa(current_numa_node())),
+            Location::HostNumaCurrent => Ok(Loc::Numa(self.ops.current_numa_node())),
         }
     }
 
@@ -1271,48 +1233,43 @@ impl Core {
     }
 }
 
-/// Checks `[ptr, ptr+len)` is mapped in this process, readable (and writable if `write`),
-/// from `/proc/self/maps`.
+/// Checks `[ptr, ptr+len)` is mapped in this process, readable (and writable if `write`)
+/// ([`Backend::query_host_protection`](crate::backend::Backend::query_host_protection)).
 ///
 /// Errors: `AddressNotFound` naming the first byte that is not.
-fn check_process_memory(ptr: usize, len: usize, write: bool) -> Result<()> {
+fn check_process_memory(
+    backend: &dyn crate::backend::Backend,
+    ptr: usize,
+    len: usize,
+    write: bool,
+) -> Result<()> {
+    use crate::backend::Protection;
+    let ok = |a: usize, n: usize| match backend.query_host_protection(a, n) {
+        Some(Protection::ReadWrite) => true,
+        Some(Protection::ReadOnly) => !write,
+        Some(Protection::None) | None => false,
+    };
     let end = ptr + len;
-    let maps = std::fs::read_to_string("/proc/self/maps")
-        .map_err(|e| Error::Unknown(format!("reading /proc/self/maps: {e}")))?;
+    if len == 0 || ok(ptr, len) {
+        return Ok(());
+    }
+    // The error path only: find the first page that is not.
+    let page = backend.host_page_size();
     let mut at = ptr;
-    for line in maps.lines() {
-        if at >= end {
+    while at < end {
+        let next = ((at / page) + 1) * page;
+        if !ok(at, next.min(end) - at) {
             break;
         }
-        let mut f = line.split_whitespace();
-        let (Some(r), Some(perms)) = (f.next(), f.next()) else {
-            continue;
-        };
-        let Some((a, b)) = r.split_once('-') else {
-            continue;
-        };
-        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
-            continue;
-        };
-        if b <= at {
-            continue;
-        }
-        let ok = perms.starts_with('r') && (!write || perms.as_bytes().get(1) == Some(&b'w'));
-        if a > at || !ok {
-            break;
-        }
-        at = b;
+        at = next;
     }
-    if at < end {
-        return Err(Error::AddressNotFound(format!(
-            "{} is not {} process memory (in [{}, {}))",
-            Addr(at),
-            if write { "writable" } else { "readable" },
-            Addr(ptr),
-            Addr(end)
-        )));
-    }
-    Ok(())
+    Err(Error::AddressNotFound(format!(
+        "{} is not {} process memory (in [{}, {}))",
+        Addr(at.min(end)),
+        if write { "writable" } else { "readable" },
+        Addr(ptr),
+        Addr(end)
+    )))
 }
 
 /// The managed-page addresses `[ptr, ptr+len)` overlaps (none for `len` 0).
@@ -1617,7 +1574,7 @@ impl Context {
             Ok(r) => r,
             Err(e) => {
                 PROCESS_MANAGED.fetch_sub(rounded, Ordering::AcqRel);
-                return Err(e);
+                return Err(e.into());
             }
         };
         let base = range.host;
@@ -1732,7 +1689,7 @@ impl Context {
                             Addr(b)
                         )));
                     }
-                    check_process_memory(p, count, write)?;
+                    check_process_memory(self.driver_shared().backend.as_ref(), p, count, write)?;
                 }
             }
         }
@@ -1825,10 +1782,12 @@ impl Context {
                             Ok(())
                         } else {
                             // SAFETY: present page of ours.
-                            unsafe { core.ops.host_protect(a, PAGE, true) }.map(|()| {
-                                core.page_mut(&mut st, a).host_ro = true;
-                                done.push((a, false));
-                            })
+                            unsafe { core.ops.host_protect(a, PAGE, true) }
+                                .map(|()| {
+                                    core.page_mut(&mut st, a).host_ro = true;
+                                    done.push((a, false));
+                                })
+                                .map_err(Error::from)
                         }
                     } else {
                         core.install_host_from(&mut st, a, p.on_device(), true)

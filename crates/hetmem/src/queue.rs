@@ -144,37 +144,11 @@ fn wait_until<T>(
     true
 }
 
-/// A signalled / not-signalled flag: the state of an event or a fence.
-#[derive(Debug, Default)]
-struct Flag {
-    set: Mutex<bool>,
-    cv: Condvar,
-}
-
-impl Flag {
-    fn reset(&self) {
-        *self.set.lock() = false;
-    }
-    fn is_set(&self) -> bool {
-        *self.set.lock()
-    }
-}
-
-impl EngineSync for Flag {
-    fn wait_ns(&self, timeout_ns: u64) -> bool {
-        wait_until(&self.set, &self.cv, timeout_ns, |s| *s)
-    }
-    fn signal(&self) {
-        *self.set.lock() = true;
-        self.cv.notify_all();
-    }
-}
-
 /// An event (`ze_event_handle_t`, host-visible, in an implicit pool): signalled by the host or
 /// by a command, waited on by the host or by commands of any queue. Clones are the same event.
 #[derive(Debug, Clone)]
 pub struct Event {
-    flag: Arc<Flag>,
+    flag: Arc<dyn EngineSync>,
 }
 
 impl Event {
@@ -199,7 +173,7 @@ impl Event {
     ///
     /// Errors: none; always `Ok` (the `Result` is kept for the C ABI's `ze_result_t`).
     pub fn query_status(&self) -> Result<SyncStatus> {
-        Ok(SyncStatus::of(self.flag.is_set()))
+        Ok(SyncStatus::of(self.flag.is_signalled()))
     }
 
     /// Resets the event to not signalled (`zeEventHostReset`); resetting an unsignalled event
@@ -216,7 +190,7 @@ impl Event {
 /// lists it was passed with has finished.
 #[derive(Debug, Clone)]
 pub struct Fence {
-    flag: Arc<Flag>,
+    flag: Arc<dyn EngineSync>,
     queue: u64,
 }
 
@@ -233,7 +207,7 @@ impl Fence {
     ///
     /// Errors: none; always `Ok` (the `Result` is kept for the C ABI's `ze_result_t`).
     pub fn query_status(&self) -> Result<SyncStatus> {
-        Ok(SyncStatus::of(self.flag.is_set()))
+        Ok(SyncStatus::of(self.flag.is_signalled()))
     }
 
     /// Resets the fence to not signalled (`zeFenceReset`); a batch still running with it
@@ -569,7 +543,7 @@ impl Submitter {
     }
 
     /// Validates `cmds`, holds their references and submits them as one batch.
-    fn submit(&self, cmds: &[Cmd], fence: Option<Arc<Flag>>) -> Result<()> {
+    fn submit(&self, cmds: &[Cmd], fence: Option<Arc<dyn EngineSync>>) -> Result<()> {
         let ids = check_all(&self.driver, cmds, true)?;
         let mut ops = engine_ops(cmds);
         let driver = self.driver.clone();
@@ -641,7 +615,7 @@ impl CommandQueue {
     /// Creates a fence of this queue, not signalled (`zeFenceCreate`).
     pub fn create_fence(&self) -> Result<Fence> {
         Ok(Fence {
-            flag: Arc::default(),
+            flag: self.sub.driver.backend.create_sync()?,
             queue: self.id,
         })
     }
@@ -952,7 +926,7 @@ impl Context {
     /// `ZE_EVENT_POOL_FLAG_HOST_VISIBLE` and `zeEventCreate`, the pool implicit).
     pub fn create_event(&self) -> Result<Event> {
         Ok(Event {
-            flag: Arc::default(),
+            flag: self.driver().shared.backend.create_sync()?,
         })
     }
 }

@@ -416,7 +416,7 @@ impl UsmState {
                 if let Some(i) = device {
                     self.devmem.give_back(i, charged);
                 }
-                return Err(e);
+                return Err(e.into());
             }
         };
         let kind = match location {

@@ -474,7 +474,7 @@ impl VmState {
                 if let PhysicalLocation::Device(d) = location {
                     self.devmem.give_back(d as usize, size as u64);
                 }
-                return Err(e);
+                return Err(e.into());
             }
         };
         let id = self.devmem.next_id();
@@ -647,7 +647,7 @@ impl VmState {
                     // mprotect may have changed part of the range before failing: put it back.
                     // SAFETY: same mapped range.
                     unsafe { backend.protect(ptr, size, old.protection()).ok() };
-                    return Err(err);
+                    return Err(err.into());
                 }
                 self.mapped.update(ptr, end, |m| m.access = access);
             }
@@ -668,7 +668,7 @@ impl VmState {
                     // SAFETY: same mapped runs, put back as they were.
                     unsafe { backend.protect(s, e - s, old.protection()).ok() };
                 }
-                return Err(err);
+                return Err(err.into());
             }
         }
         if !runs.is_empty() {

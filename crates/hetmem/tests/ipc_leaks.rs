@@ -6,8 +6,8 @@ mod ipc_common;
 
 use std::collections::HashSet;
 
-use hetmem::backend::host::open_fd_count;
 use hetmem::ipc::{live_exports, open_views};
+use hetmem::platform::open_fd_count;
 use hetmem::IpcProperties;
 use ipc_common::*;
 

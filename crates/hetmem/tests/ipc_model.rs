@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::sync::{Once, OnceLock};
 
-use hetmem::backend::host::{open_fd_count, os_page_size};
+use hetmem::platform::{open_fd_count, page_size as os_page_size};
 use hetmem::{
     AccessAttribute, AllocDesc, Context, Driver, IpcHandle, IpcHandleKind, IpcProperties,
     PhysicalMemory, PhysicalMemoryFlags, Reservation, Runtime,

@@ -16,8 +16,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
-use hetmem::backend::host::ipc::{recv_fds, send_fds};
-use hetmem::backend::host::open_fd_count;
+use hetmem::platform::open_fd_count;
 use hetmem::{Context, IpcHandle};
 use ipc_common::*;
 

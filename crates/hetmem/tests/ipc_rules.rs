@@ -5,7 +5,7 @@ mod ipc_common;
 
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use hetmem::backend::host::open_fd_count;
+use hetmem::platform::open_fd_count;
 use hetmem::{
     AccessAttribute, AllocDesc, Context, IpcHandle, IpcHandleTypes, IpcProperties,
     PhysicalMemoryFlags,
@@ -316,7 +316,7 @@ fn get_on_unknown_or_imported_memory_is_invalid_argument() {
     );
     ctx.free_reservation(r).unwrap();
     // Imported system memory has no memfd.
-    let page = hetmem::backend::host::os_page_size();
+    let page = hetmem::platform::page_size();
     let mut v = vec![0u8; 4 * page];
     let at = (v.as_mut_ptr() as usize).next_multiple_of(page);
     let p = ctx.import_system_memory(at, page, false).unwrap();

@@ -19,11 +19,7 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hetmem::backend::host::ipc::{
-    broker_name, broker_peers_active, broker_workers, connect_broker, recv_fds, send_fds,
-    MAX_BROKER_PEERS, WORKER_IDLE,
-};
-use hetmem::backend::host::open_fd_count;
+use hetmem::platform::open_fd_count;
 use hetmem::{IpcHandle, IpcProperties};
 use ipc_common::*;
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
@@ -216,7 +212,9 @@ fn importer_checks_broker_peercred_so_a_name_squatter_never_receives_the_token()
     c.say("exit");
     c.finish();
     h.set_fd(-1);
-    let name = broker_name(h.exporter_pid().unwrap(), h.broker_nonce().unwrap());
+    let name = rt
+        .driver()
+        .ipc_broker_name(h.exporter_pid().unwrap(), h.broker_nonce().unwrap());
     // This process (same uid, another pid) takes the vanished exporter's name.
     let listener = squat(&name);
     let squatter = std::thread::spawn(move || {
@@ -250,11 +248,13 @@ fn idle_broker_connections_do_not_stall_a_real_importer_and_a_flood_is_bounded()
     fill(e.ptr, e.size, 0xabcd);
     let h = ctx.get_ipc_handle(e.ptr).unwrap();
     let (pid, nonce) = (h.exporter_pid().unwrap(), h.broker_nonce().unwrap());
+    let drv = rt.driver();
+    let name = drv.ipc_broker_name(pid, nonce);
+    let stats = || drv.ipc_broker_stats();
+    let (max_peers, worker_idle) = (stats().max_peers, stats().worker_idle);
     let fds0 = open_fd_count();
     // Eight peers connect and never send (the old broker waited 5 s on each in turn).
-    let idle: Vec<OwnedFd> = (0..8)
-        .map(|_| connect_broker(pid, nonce).unwrap())
-        .collect();
+    let idle: Vec<OwnedFd> = (0..8).map(|_| connect_abstract(&name).unwrap()).collect();
     let file = temp("handle");
     std::fs::write(&file, h.as_bytes()).unwrap();
     let t = Instant::now();
@@ -269,28 +269,28 @@ fn idle_broker_connections_do_not_stall_a_real_importer_and_a_flood_is_bounded()
     );
     assert!(t.elapsed() < Duration::from_secs(10));
     drop(idle);
-    // A flood: the broker serves at most MAX_BROKER_PEERS peers at once.
-    let flood: Vec<OwnedFd> = (0..MAX_BROKER_PEERS + 16)
-        .filter_map(|_| connect_broker(pid, nonce).ok())
+    // A flood: the broker serves at most max_peers peers at once.
+    let flood: Vec<OwnedFd> = (0..max_peers + 16)
+        .filter_map(|_| connect_abstract(&name).ok())
         .collect();
     let deadline = Instant::now() + Duration::from_secs(5);
-    while broker_peers_active() < MAX_BROKER_PEERS.min(flood.len()) && Instant::now() < deadline {
+    while stats().peers_active < max_peers.min(flood.len()) && Instant::now() < deadline {
         std::thread::yield_now();
     }
-    assert!(broker_peers_active() <= MAX_BROKER_PEERS);
+    assert!(stats().peers_active <= max_peers);
     drop(flood);
     // Peer threads end when their peer hangs up (or after the request timeout).
     let deadline = Instant::now() + Duration::from_secs(5);
-    while broker_peers_active() > 0 && Instant::now() < deadline {
+    while stats().peers_active > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(broker_peers_active(), 0, "peers still being served");
-    // Idle workers exit after WORKER_IDLE: no thread stays behind.
-    let deadline = Instant::now() + WORKER_IDLE + Duration::from_secs(3);
-    while broker_workers() > 0 && Instant::now() < deadline {
+    assert_eq!(stats().peers_active, 0, "peers still being served");
+    // Idle workers exit after worker_idle: no thread stays behind.
+    let deadline = Instant::now() + worker_idle + Duration::from_secs(3);
+    while stats().workers > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(broker_workers(), 0, "broker worker threads left running");
+    assert_eq!(stats().workers, 0, "broker worker threads left running");
     assert_eq!(open_fd_count(), fds0, "fds left open");
     ctx.put_ipc_handle(&h).unwrap();
     e.destroy(&ctx);

@@ -7,7 +7,11 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
-use hetmem::backend::host::{mapping_count, max_map_count};
+use hetmem::platform::mapping_count;
+
+fn max_map_count() -> Option<u64> {
+    hetmem::platform::facts().max_map_count
+}
 use hetmem::{
     AccessAttribute, Context, Device, Error, PhysicalMemory, PhysicalMemoryFlags, Reservation,
     Runtime,

@@ -6,7 +6,7 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
-use hetmem::backend::host::open_fd_count;
+use hetmem::platform::open_fd_count;
 use hetmem::{AccessAttribute, Error, PhysicalMemory, PhysicalMemoryFlags, Runtime};
 
 /// Serialises the tests of this binary: both depend on the open-file limit.

@@ -310,14 +310,14 @@ fn leak_child() {
         // m is freed by dropping the context.
         drop((s, ctx, rt));
         before.get_or_insert((
-            hetmem::backend::host::open_fd_count(),
-            hetmem::backend::host::mapping_count(),
+            hetmem::platform::open_fd_count(),
+            hetmem::platform::mapping_count(),
             threads(),
         ));
     }
     let (fds, maps, th) = before.unwrap();
-    assert_eq!(hetmem::backend::host::open_fd_count(), fds);
-    assert_eq!(hetmem::backend::host::mapping_count(), maps);
+    assert_eq!(hetmem::platform::open_fd_count(), fds);
+    assert_eq!(hetmem::platform::mapping_count(), maps);
     assert_eq!(threads(), th);
     println!("leak child ok");
 }

@@ -12,7 +12,7 @@
 use std::sync::{Barrier, Mutex};
 use std::time::Instant;
 
-use hetmem::backend::host::{mapping_count, open_fd_count};
+use hetmem::platform::{mapping_count, open_fd_count};
 use hetmem::{
     AllocDesc, CommandList, CommandQueue, Context, Device, Event, FreePolicy, MemoryType, Runtime,
     SyncStatus,

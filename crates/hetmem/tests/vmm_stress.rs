@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::{Barrier, Mutex};
 use std::time::Instant;
 
-use hetmem::backend::host::{mapping_count, open_fd_count};
+use hetmem::platform::{mapping_count, open_fd_count};
 use hetmem::{
     AccessAttribute, Context, Device, Error, PhysicalMemory, PhysicalMemoryFlags, Reservation,
     Runtime, VmStats,

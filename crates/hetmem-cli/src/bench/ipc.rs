@@ -21,8 +21,7 @@ use std::os::fd::AsFd;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
-use hetmem::backend::host::ipc::{broker_request, dup_fd};
-use hetmem::backend::host::open_fd_count;
+use hetmem::platform::open_fd_count;
 use hetmem::{AccessAttribute, Context, IpcHandle, IpcProperties, PhysicalMemoryFlags, Runtime};
 use rustix::mm::{MapFlags, ProtFlags};
 
@@ -222,7 +221,7 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
             let src = unsafe { std::os::fd::BorrowedFd::borrow_raw(one.fd()) };
             let t = Instant::now();
             for _ in 0..n {
-                let d = dup_fd(src).map_err(|e| e.to_string())?;
+                let d = src.try_clone_to_owned().map_err(|e| e.to_string())?;
                 raw_map_unmap(d.as_fd(), OBJECT)?;
             }
             Ok(t.elapsed().as_nanos() as f64 / n as f64)
@@ -343,6 +342,7 @@ fn open_verify(ctx: &Context, hs: &[IpcHandle], range: bool) -> Result<String, S
 fn latency(ctx: &Context, h: &IpcHandle, n: usize) -> Result<String, String> {
     let pid = h.exporter_pid().ok_or("bad handle")?;
     let nonce = h.broker_nonce().ok_or("bad handle")?;
+    let drv = ctx.driver();
     let (hn, bn) = alternate(
         7,
         || {
@@ -356,7 +356,8 @@ fn latency(ctx: &Context, h: &IpcHandle, n: usize) -> Result<String, String> {
         || {
             let t = Instant::now();
             for _ in 0..n {
-                let r = broker_request(pid, nonce, h.as_bytes(), 1 << 16, 4)
+                let r = drv
+                    .ipc_broker_request(pid, nonce, h.as_bytes(), 1 << 16, 4)
                     .map_err(|e| e.to_string())?;
                 let fd = r.fds.first().ok_or("no fd")?;
                 raw_map_unmap(fd.as_fd(), OBJECT)?;

@@ -118,7 +118,7 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
         let t = Instant::now();
         for o in (0..SIZE).step_by(PAGE) {
             // SAFETY: both buffers are ours, page-aligned and SIZE long; they do not overlap.
-            unsafe { hetmem::backend::host::managed::stream_copy(dst.0 + o, src.0 + o, PAGE) };
+            unsafe { hetmem::platform::stream_copy(dst.0 + o, src.0 + o, PAGE) };
         }
         stream.push(t.elapsed().as_secs_f64());
     }

@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use crate::error::Result;
+use crate::backend::Result;
 
 /// A host page fault on managed memory, as delivered by the platform (`struct uffd_msg`,
 /// `UFFD_EVENT_PAGEFAULT`). The faulting thread is blocked until the page is made accessible
@@ -55,6 +55,13 @@ pub trait FaultThread: Send + Sync + std::fmt::Debug {}
 /// addresses and lengths are multiples of the managed page size it chose (a multiple of the OS
 /// page). Operations on the host range never fault themselves.
 pub trait ManagedOps: Send + Sync + std::fmt::Debug {
+    /// The host's NUMA nodes, ascending (as [`crate::backend::Backend::numa_nodes`]).
+    fn numa_nodes(&self) -> Vec<u32>;
+
+    /// The NUMA node of the calling thread's CPU (as
+    /// [`crate::backend::Backend::current_numa_node`]).
+    fn current_numa_node(&self) -> u32;
+
     /// Reserves a host range of `size` bytes aligned to `align`, all pages absent (accesses
     /// fault to the sink), and a mirror range per device, all unmapped.
     ///

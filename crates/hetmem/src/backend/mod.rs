@@ -6,15 +6,87 @@
 //!   every argument against the spec (alignment, ranges, overlap, capacity, enumerations), so a
 //!   backend never decides a spec error code;
 //! - **fallible only for what the caller cannot anticipate**: out of memory, an OS limit, a lost
-//!   device. Those come back as [`crate::Error::OutOfHostMemory`] / [`crate::Error::OutOfDeviceMemory`] /
-//!   [`crate::Error::Unknown`] with a message naming the limit or the failing call.
+//!   device. Those come back as [`crate::HalError::OutOfHostMemory`] / [`crate::Error::OutOfDeviceMemory`] /
+//!   [`crate::HalError::Unexpected`] with a message naming the limit or the failing call.
 //!
 //! Each method names the CUDA driver call the cuda backend maps it to.
 
-pub mod host;
+mod error;
+mod host;
+pub mod ipc;
 pub mod managed;
 
-use crate::error::Result;
+pub use error::{HalError, Result};
+use ipc::{BrokerAnswer, BrokerHandler, BrokerStats, ShareableIdentity, TransportError};
+use std::os::fd::{BorrowedFd, OwnedFd};
+
+/// Makes the host backend: `devices` virtual devices of `device_memory` bytes each, largest
+/// single allocation `max_alloc_size` bytes (all validated by the caller: non-zero).
+pub(crate) fn create_host(
+    devices: u32,
+    device_memory: u64,
+    max_alloc_size: u64,
+) -> Box<dyn Backend> {
+    Box::new(host::HostBackend::new(
+        devices,
+        device_memory,
+        max_alloc_size,
+    ))
+}
+
+/// Facts about the machine and the process that the platform layer reads (for defaults, for
+/// `hetmem info`, and for leak checks): Linux, whatever the backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlatformFacts {
+    /// Total RAM in bytes (`sysinfo(2)`).
+    pub total_ram: u64,
+    /// The OS page size in bytes.
+    pub page_size: usize,
+    /// The soft limit of open files (`RLIMIT_NOFILE`) now in force; `None` if unlimited. The
+    /// host backend raises it to the hard limit when it starts.
+    pub open_file_limit: Option<u64>,
+    /// `vm.max_map_count`, the kernel's cap on mappings per process, if readable.
+    pub max_map_count: Option<u64>,
+}
+
+/// Reads the [`PlatformFacts`]. Changes nothing.
+pub(crate) fn platform_facts() -> PlatformFacts {
+    PlatformFacts {
+        total_ram: host::total_ram(),
+        page_size: host::os_page_size(),
+        open_file_limit: host::fd_limit(),
+        max_map_count: host::max_map_count(),
+    }
+}
+
+/// Open file descriptors of this process now (entries of `/proc/self/fd`).
+pub(crate) fn open_fd_count() -> usize {
+    host::open_fd_count()
+}
+
+/// Mappings (VMAs) of this process now (lines of `/proc/self/maps`).
+pub(crate) fn mapping_count() -> usize {
+    host::mapping_count()
+}
+
+/// The NUMA nodes of this machine, ascending (`[0]` if none is listed).
+pub(crate) fn numa_nodes() -> Vec<u32> {
+    host::numa_nodes()
+}
+
+/// The NUMA node of the calling thread's CPU (0 if unknown).
+pub(crate) fn current_numa_node() -> u32 {
+    host::current_numa_node()
+}
+
+/// Copies with the platform's copy routine (see [`crate::platform::stream_copy`]).
+///
+/// # Safety
+/// As [`crate::platform::stream_copy`].
+pub(crate) unsafe fn stream_copy(dst: usize, src: usize, len: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { host::stream_copy(dst, src, len) }
+}
 
 /// A device as the backend sees it. All sizes in bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,14 +145,21 @@ pub enum AllocLocation {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RawAllocation(pub u64);
 
-/// A synchronisation object a device engine can wait on and signal (an event or fence of
-/// [`crate::queue`]). CUDA: a `CUevent` (`cuStreamWaitEvent`, `cuEventRecord`); host: a flag
-/// with a condition variable.
-pub trait EngineSync: Send + Sync {
-    /// Waits up to `timeout_ns` nanoseconds for the object to be signalled; true if it is.
+/// A synchronisation object made by the backend ([`Backend::create_sync`]) that engines wait
+/// on and signal on the device, and the host waits on, signals and resets: the state of an
+/// event or fence of [`crate::queue`]. CUDA: a `CUevent` (`cuStreamWaitEvent`,
+/// `cuEventRecord`, `cuEventSynchronize` / `cuEventQuery`) with a host flag for host signals
+/// and resets; host: a flag with a condition variable.
+pub trait EngineSync: Send + Sync + std::fmt::Debug {
+    /// Waits up to `timeout_ns` nanoseconds (0: only look; `u64::MAX`: forever) for the object
+    /// to be signalled; true if it is.
     fn wait_ns(&self, timeout_ns: u64) -> bool;
     /// Signals the object, waking every waiter.
     fn signal(&self);
+    /// Back to not signalled; a signal already queued on an engine still comes.
+    fn reset(&self);
+    /// Whether the object is signalled now.
+    fn is_signalled(&self) -> bool;
 }
 
 /// One raw operation for a device engine. Every address has been validated by the semantics
@@ -305,6 +384,11 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// worker thread (`std::thread::spawn`).
     fn create_engine(&self, device: u32) -> Result<Box<dyn Engine>>;
 
+    /// Makes a synchronisation object, not signalled, for an event or a fence.
+    ///
+    /// CUDA: `cuEventCreate(CU_EVENT_DISABLE_TIMING)`. Host: a flag and a condition variable.
+    fn create_sync(&self) -> Result<std::sync::Arc<dyn EngineSync>>;
+
     /// Changes the protection of mapped pages `[addr, addr+size)`.
     ///
     /// CUDA: `cuMemSetAccess`. Host: `mprotect`.
@@ -328,18 +412,74 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     ///
     /// CUDA: `cuMemExportToShareableHandle(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)`. Host:
     /// `fcntl(F_DUPFD_CLOEXEC)` of the memfd.
-    fn export_physical(&self, raw: RawPhysical) -> Result<std::os::fd::OwnedFd>;
+    fn export_physical(&self, raw: RawPhysical) -> Result<OwnedFd>;
 
     /// A shareable fd for the memory of a USM allocation, as [`Backend::export_physical`].
     ///
     /// CUDA: `cuMemRetainAllocationHandle` + `cuMemExportToShareableHandle`. Host:
     /// `fcntl(F_DUPFD_CLOEXEC)` of the allocation's memfd.
-    fn export_allocation(&self, raw: RawAllocation) -> Result<std::os::fd::OwnedFd>;
+    fn export_allocation(&self, raw: RawAllocation) -> Result<OwnedFd>;
 
     /// Turns an fd made by an export (of this or another process) into a physical object that
     /// [`Backend::map`] can map and [`Backend::destroy_physical`] releases; mappings made
     /// from it stay valid after that release.
     ///
     /// CUDA: `cuMemImportFromShareableHandle`. Host: takes ownership of the fd.
-    fn import_physical(&self, fd: std::os::fd::OwnedFd) -> Result<RawPhysical>;
+    fn import_physical(&self, fd: OwnedFd) -> Result<RawPhysical>;
+
+    /// The host's NUMA nodes, ascending (`[0]` if none is listed): the ids a host-NUMA location
+    /// accepts. Never fails. CUDA and host: the entries `node<N>` of `/sys/devices/system/node`.
+    fn numa_nodes(&self) -> Vec<u32>;
+
+    /// The NUMA node of the CPU the calling thread runs on (0 if unknown). Never fails.
+    /// CUDA and host: `getcpu(2)`.
+    fn current_numa_node(&self) -> u32;
+
+    /// Starts this process's IPC broker unless it runs already, serving each request with the
+    /// handler `make_handler` gives (called once, when the broker starts), and returns the
+    /// broker's nonce (published in every handle, so that nobody can bind its name first).
+    /// A broker that fails to start is not remembered: the next call tries again.
+    ///
+    /// CUDA and host: an abstract `SOCK_SEQPACKET` Unix socket named after the pid and nonce,
+    /// served by a thread; peers of another uid are dropped unread.
+    fn start_broker(&self, make_handler: &dyn Fn() -> BrokerHandler) -> Result<u32>;
+
+    /// Asks process `pid`'s broker (started with `nonce`) about `request` and collects the whole
+    /// answer, accepting at most `max_payload` bytes and `max_fds` handles. The request is sent
+    /// only to a broker run by process `pid` under our uid.
+    ///
+    /// CUDA and host: `connect(2)` + `SO_PEERCRED` check, `sendmsg`, `recvmsg` with
+    /// `SCM_RIGHTS`.
+    fn broker_request(
+        &self,
+        pid: u32,
+        nonce: u32,
+        request: &[u8; 64],
+        max_payload: usize,
+        max_fds: usize,
+    ) -> std::result::Result<BrokerAnswer, TransportError>;
+
+    /// The state of this process's broker (zeros where none was started).
+    fn broker_stats(&self) -> BrokerStats;
+
+    /// The name of process `pid`'s broker started with `nonce`, for messages.
+    fn broker_name(&self, pid: u32, nonce: u32) -> String;
+
+    /// 16 random bytes for an export's secret token. CUDA and host: `getrandom(2)`.
+    fn random_token(&self) -> Result<[u8; 16]>;
+
+    /// The identity of a shareable handle, or `None` if `fd` is not open.
+    /// CUDA and host: `fstat(2)`.
+    fn shareable_identity(&self, fd: BorrowedFd<'_>) -> Option<ShareableIdentity>;
+
+    /// Checks a shareable handle received from another process (or found in a handle's bytes)
+    /// before anything is mapped from it: it must be memory this backend can import, holding at
+    /// least `need` bytes, whose size nobody can change. `Err` says what is wrong.
+    ///
+    /// Host: a memfd sealed against grow and shrink (`fcntl(F_GET_SEALS)`, `fstat`). CUDA: what
+    /// `cuMemImportFromShareableHandle` accepts, of at least `need` bytes.
+    fn check_shareable(&self, fd: BorrowedFd<'_>, need: u64) -> std::result::Result<(), String>;
+
+    /// A close-on-exec duplicate of a shareable handle. CUDA and host: `fcntl(F_DUPFD_CLOEXEC)`.
+    fn dup_shareable(&self, fd: BorrowedFd<'_>) -> Result<OwnedFd>;
 }

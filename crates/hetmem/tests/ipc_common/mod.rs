@@ -159,3 +159,64 @@ impl Exported {
         }
     }
 }
+
+/// Sends `payload` with `fds` attached over a Unix socket (`sendmsg(2)` + `SCM_RIGHTS`), as a
+/// Level Zero program passes the fd of an IPC handle to another process itself.
+pub fn send_fds(
+    sock: std::os::fd::BorrowedFd<'_>,
+    payload: &[u8],
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> rustix::io::Result<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let mut space =
+        vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len().max(1)))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    assert!(fds.is_empty() || control.push(SendAncillaryMessage::ScmRights(fds)));
+    rustix::net::sendmsg(
+        sock,
+        &[std::io::IoSlice::new(payload)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    Ok(())
+}
+
+/// Receives one message and up to `max_fds` fds (`recvmsg(2)`, `MSG_CMSG_CLOEXEC`): the bytes
+/// received (0 at end of stream) and the fds.
+pub fn recv_fds(
+    sock: std::os::fd::BorrowedFd<'_>,
+    buf: &mut [u8],
+    max_fds: usize,
+) -> rustix::io::Result<(usize, Vec<std::os::fd::OwnedFd>)> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut space =
+        vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(max_fds.max(1)))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let msg = rustix::net::recvmsg(
+        sock,
+        &mut [std::io::IoSliceMut::new(buf)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    let mut fds = Vec::new();
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(it) = m {
+            fds.extend(it);
+        }
+    }
+    Ok((msg.bytes, fds))
+}
+
+/// Connects to the abstract `SOCK_SEQPACKET` socket `name` (an IPC broker's) and sends
+/// nothing: an idle peer.
+pub fn connect_abstract(name: &str) -> rustix::io::Result<std::os::fd::OwnedFd> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let s = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )?;
+    rustix::net::connect(&s, &SocketAddrUnix::new_abstract_name(name.as_bytes())?)?;
+    Ok(s)
+}

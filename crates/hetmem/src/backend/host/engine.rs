@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use parking_lot::Mutex;
 
 use crate::backend::{Engine, EngineOp};
-use crate::error::{Error, Result};
+use crate::backend::{HalError, Result};
 
 /// How long one wait slice lasts before the engine checks whether it is being dropped.
 const WAIT_SLICE_NS: u64 = 10_000_000;
@@ -38,7 +38,7 @@ impl HostEngine {
         let thread = std::thread::Builder::new()
             .name(format!("hetmem-dev{device}"))
             .spawn(move || run(rx, c))
-            .map_err(|e| Error::OutOfHostMemory(format!("spawning an engine thread: {e}")))?;
+            .map_err(|e| HalError::OutOfHostMemory(format!("spawning an engine thread: {e}")))?;
         Ok(HostEngine {
             tx: Mutex::new(Some(tx)),
             closing,
@@ -248,5 +248,47 @@ mod tests {
             }
             plen *= 2;
         }
+    }
+}
+
+/// The host backend's synchronisation object: a flag and a condition variable.
+#[derive(Debug, Default)]
+pub(crate) struct HostSync {
+    set: Mutex<bool>,
+    cv: parking_lot::Condvar,
+}
+
+impl crate::backend::EngineSync for HostSync {
+    fn wait_ns(&self, timeout_ns: u64) -> bool {
+        let mut g = self.set.lock();
+        if *g || timeout_ns == 0 {
+            return *g;
+        }
+        let deadline = (timeout_ns != u64::MAX)
+            .then(|| {
+                std::time::Instant::now().checked_add(std::time::Duration::from_nanos(timeout_ns))
+            })
+            .flatten();
+        while !*g {
+            match deadline {
+                None => self.cv.wait(&mut g),
+                Some(d) => {
+                    if self.cv.wait_until(&mut g, d).timed_out() {
+                        return *g;
+                    }
+                }
+            }
+        }
+        true
+    }
+    fn signal(&self) {
+        *self.set.lock() = true;
+        self.cv.notify_all();
+    }
+    fn reset(&self) {
+        *self.set.lock() = false;
+    }
+    fn is_signalled(&self) -> bool {
+        *self.set.lock()
     }
 }

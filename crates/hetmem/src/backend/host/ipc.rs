@@ -46,10 +46,12 @@ use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use rustix::io::Errno;
+
+use crate::backend::ipc::{BrokerAnswer, BrokerHandler, BrokerReply, TransportError};
 use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
@@ -141,32 +143,6 @@ pub fn connect_broker(pid: u32, nonce: u32) -> Result<OwnedFd, Errno> {
     Ok(s)
 }
 
-/// What a broker answers to one request (the handler's side).
-#[derive(Debug, Default)]
-pub struct BrokerReply {
-    /// 0 for success; anything else is the handler's error code.
-    pub status: u32,
-    /// Bytes for the requester (an error message when `status != 0`).
-    pub payload: Vec<u8>,
-    /// Fds to pass, shared with the handler's own records so that no duplicate is made (a
-    /// `dup` that grows the fd table of a threaded process waits for an RCU grace period).
-    pub fds: Option<Arc<[OwnedFd]>>,
-}
-
-/// What a broker answered (the requester's side): the fds are the requester's own.
-#[derive(Debug, Default)]
-pub struct BrokerAnswer {
-    /// 0 for success; anything else is the handler's error code.
-    pub status: u32,
-    /// The handler's bytes.
-    pub payload: Vec<u8>,
-    /// The fds received.
-    pub fds: Vec<OwnedFd>,
-}
-
-/// The handler a broker runs for each request: the 64 request bytes and the peer's pid.
-pub type BrokerHandler = Arc<dyn Fn(&[u8; 64], u32) -> BrokerReply + Send + Sync>;
-
 /// `(pid, nonce)` of the broker running in this process (the pid tells a forked child that
 /// the broker is its parent's). Only a started broker is recorded: a failure is retried.
 static BROKER: Mutex<Option<(u32, u32)>> = Mutex::new(None);
@@ -178,7 +154,7 @@ const BIND_ATTEMPTS: usize = 8;
 /// nonce if the name is taken, `BIND_ATTEMPTS` times), listens, and serves requests with
 /// `handler` on a thread named `hetmem-ipc-broker` for the rest of the process's life.
 /// A failure is returned (with the last errno) and not remembered; the next call tries again.
-pub fn start_broker(handler: impl FnOnce() -> BrokerHandler) -> Result<u32, Errno> {
+pub fn start_broker(handler: &dyn Fn() -> BrokerHandler) -> Result<u32, Errno> {
     let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
     let mut b = BROKER.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((p, nonce)) = *b {
@@ -360,44 +336,75 @@ fn send_reply(conn: BorrowedFd<'_>, r: &BrokerReply) -> Result<(), Errno> {
 
 /// Asks process `pid`'s broker (started with `nonce`) about `request` (a 64-byte handle) and
 /// collects the whole reply. The request is sent only to a broker that [`connect_broker`]
-/// verified (`EPERM` otherwise). `max_payload` and `max_fds` bound what the requester accepts
-/// (a broker announcing more is refused with `EMSGSIZE`).
+/// verified. `max_payload` and `max_fds` bound what the requester accepts.
+///
+/// Failures are classified for the semantics layer: no broker under the name
+/// (`ECONNREFUSED`, `ENOENT`), or a connection that ends or breaks before the whole answer came
+/// (end of stream, `ECONNRESET`, `EPIPE`: the exporter died while answering) is
+/// [`TransportError::PeerGone`]; a listener that is not the exporter (`SO_PEERCRED`) is
+/// [`TransportError::Impostor`]; a malformed or oversized answer is
+/// [`TransportError::Protocol`]; anything else is local ([`TransportError::Local`]).
 pub fn broker_request(
     pid: u32,
     nonce: u32,
     request: &[u8; 64],
     max_payload: usize,
     max_fds: usize,
-) -> Result<BrokerAnswer, Errno> {
-    let s = connect_broker(pid, nonce)?;
-    send_fds(s.as_fd(), request, &[])?;
+) -> Result<BrokerAnswer, TransportError> {
+    let s = connect_broker(pid, nonce).map_err(|e| match e {
+        Errno::CONNREFUSED | Errno::NOENT => TransportError::PeerGone,
+        Errno::PERM => TransportError::Impostor(broker_name(pid, nonce)),
+        e => local("connecting to the IPC broker", e),
+    })?;
+    // After connect, an error of the conversation means the peer went away.
+    let broken = |e: Errno| match e {
+        Errno::CONNRESET | Errno::PIPE | Errno::CONNABORTED | Errno::NOTCONN => {
+            TransportError::PeerGone
+        }
+        Errno::AGAIN => {
+            TransportError::Protocol(format!("no answer within {} s", PEER_TIMEOUT.as_secs()))
+        }
+        e => local("talking to the IPC broker", e),
+    };
+    send_fds(s.as_fd(), request, &[]).map_err(broken)?;
     let mut head = [0u8; 24];
-    let (n, _) = recv_fds(s.as_fd(), &mut head, 1)?;
+    let (n, _) = recv_fds(s.as_fd(), &mut head, 1).map_err(broken)?;
+    if n == 0 {
+        return Err(TransportError::PeerGone);
+    }
     if n != 24 || &head[..4] != REPLY_MAGIC {
-        return Err(Errno::PROTO);
+        return Err(TransportError::Protocol(format!(
+            "a reply header of {n} bytes without the magic"
+        )));
     }
     let status = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes"));
     let plen = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes")) as usize;
     let nfds = u64::from_le_bytes(head[16..24].try_into().expect("8 bytes")) as usize;
     if plen > max_payload || nfds > max_fds {
-        return Err(Errno::MSGSIZE);
+        return Err(TransportError::Protocol(format!(
+            "the broker announces {plen} bytes and {nfds} fds, at most {max_payload} and \
+             {max_fds} are accepted"
+        )));
     }
     let mut payload = vec![0u8; plen];
     let mut at = 0;
     while at < plen {
         let want = (plen - at).min(PAYLOAD_CHUNK);
-        let (n, _) = recv_fds(s.as_fd(), &mut payload[at..at + want], 1)?;
+        let (n, _) = recv_fds(s.as_fd(), &mut payload[at..at + want], 1).map_err(broken)?;
         if n == 0 {
-            return Err(Errno::PROTO);
+            return Err(TransportError::PeerGone);
         }
         at += n;
     }
     let mut fds = Vec::with_capacity(nfds);
     while fds.len() < nfds {
         let mut b = [0u8; 1];
-        let (n, got) = recv_fds(s.as_fd(), &mut b, MAX_FDS_PER_MSG)?;
-        if n == 0 || got.is_empty() {
-            return Err(Errno::PROTO);
+        let (n, got) = recv_fds(s.as_fd(), &mut b, MAX_FDS_PER_MSG).map_err(broken)?;
+        if n == 0 {
+            return Err(TransportError::PeerGone);
+        }
+        if got.is_empty() {
+            return Err(TransportError::Protocol("an fd message without fds".into()));
         }
         fds.extend(got);
     }
@@ -407,6 +414,10 @@ pub fn broker_request(
         payload,
         fds,
     })
+}
+
+fn local(what: &str, e: Errno) -> TransportError {
+    TransportError::Local(super::os_error(what, e))
 }
 
 /// `(st_dev, st_ino, st_size)` of an fd: `fstat(2)`. `None` if the fd is not open.

@@ -35,7 +35,7 @@ use rustix::mm::{Advice, MapFlags, ProtFlags, UserfaultfdFlags};
 use super::{os_error, reserve_placeholder};
 use crate::backend::managed::{Fault, FaultSink, FaultThread, ManagedOps, ManagedRange};
 use crate::backend::DeviceInfo;
-use crate::error::{Error, Result};
+use crate::backend::{HalError, Result};
 
 // The userfaultfd ABI (include/uapi/linux/userfaultfd.h). `_IOWR(0xAA, nr, T)` numbers are the
 // x86_64 / aarch64 values (asm-generic ioctl encoding).
@@ -180,15 +180,15 @@ pub struct HostManaged {
     backing: parking_lot::Mutex<std::collections::BTreeMap<usize, Backing>>,
     /// Device memory: slot `s` of device `d` is bytes `[s * page, (s+1) * page)` of `pools[d]`.
     pools: Vec<OwnedFd>,
-    /// Whether only user-mode faults are handled (kernel accesses to absent pages then fail
-    /// with `EFAULT`).
-    pub user_mode_only: bool,
 }
 
 impl HostManaged {
     /// Opens the userfaultfd and the device memfds. Err: why managed memory is unavailable.
     pub fn new(devices: &[DeviceInfo]) -> std::result::Result<HostManaged, String> {
+        // user_mode_only: only user-mode faults are handled (kernel accesses to absent pages
+        // then fail with EFAULT).
         let (uffd, user_mode_only) = open_userfaultfd()?;
+        tracing::debug!(user_mode_only, "userfaultfd opened for managed memory");
         let mut pools = Vec::new();
         for (i, d) in devices.iter().enumerate() {
             let fd = super::sized_memfd("hetmem-managed-device", d.capacity)
@@ -199,7 +199,6 @@ impl HostManaged {
             uffd,
             backing: Default::default(),
             pools,
-            user_mode_only,
         })
     }
 
@@ -236,12 +235,14 @@ impl HostManaged {
                 Ok(()) => {}
                 // Interrupted part-way: continue after `mapped`.
                 Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(os_error(
-                    &format!(
+                Err(e) => {
+                    return Err(os_error(
+                        &format!(
                         "ioctl(UFFDIO_CONTINUE) of {len:#x} bytes at {addr:#x} (after {done:#x})"
                     ),
-                    e,
-                )),
+                        e,
+                    ))
+                }
             }
         }
         Ok(())
@@ -256,10 +257,18 @@ impl HostManaged {
 }
 
 impl ManagedOps for HostManaged {
+    fn numa_nodes(&self) -> Vec<u32> {
+        super::numa_nodes()
+    }
+
+    fn current_numa_node(&self) -> u32 {
+        super::current_numa_node()
+    }
+
     fn reserve(&self, size: usize, align: usize) -> Result<ManagedRange> {
         let fd = super::sized_memfd("hetmem-managed-host", size as u64)?;
         let mut made: Vec<usize> = Vec::new();
-        let cleanup = |made: &[usize], e: Error| {
+        let cleanup = |made: &[usize], e: HalError| {
             for &m in made {
                 // SAFETY: our own fresh mappings, unknown to anyone else.
                 unsafe { rustix::mm::munmap(m as *mut _, size).ok() };
@@ -307,7 +316,9 @@ impl ManagedOps for HostManaged {
         if reg.ioctls & IOCTL_WRITEPROTECT_BIT == 0 {
             return Err(cleanup(
                 &made,
-                Error::Unknown("UFFDIO_REGISTER did not grant UFFDIO_WRITEPROTECT on shmem".into()),
+                HalError::Unexpected(
+                    "UFFDIO_REGISTER did not grant UFFDIO_WRITEPROTECT on shmem".into(),
+                ),
             ));
         }
         for _ in &self.pools {
@@ -430,9 +441,11 @@ impl ManagedOps for HostManaged {
                 }
             }
             drop(tx);
-            mapper
-                .join()
-                .unwrap_or_else(|_| Err(Error::Unknown("the page-mapping thread panicked".into())))
+            mapper.join().unwrap_or_else(|_| {
+                Err(HalError::Unexpected(
+                    "the page-mapping thread panicked".into(),
+                ))
+            })
         })
     }
 
@@ -462,7 +475,11 @@ impl ManagedOps for HostManaged {
                 match rx.recv() {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => return Err(e),
-                    Err(_) => return Err(Error::Unknown("the page-zapping thread stopped".into())),
+                    Err(_) => {
+                        return Err(HalError::Unexpected(
+                            "the page-zapping thread stopped".into(),
+                        ))
+                    }
                 }
                 let alias = self.alias(addr);
                 // SAFETY: the page's host entries are gone; the alias maps the backing; `dst` is
@@ -553,7 +570,7 @@ impl ManagedOps for HostManaged {
         let thread = std::thread::Builder::new()
             .name("hetmem-uffd".into())
             .spawn(move || fault_loop(uffd, stop2, sink))
-            .map_err(|e| Error::OutOfHostMemory(format!("spawning the fault thread: {e}")))?;
+            .map_err(|e| HalError::OutOfHostMemory(format!("spawning the fault thread: {e}")))?;
         Ok(Box::new(HostFaultThread {
             stop,
             thread: parking_lot::Mutex::new(Some(thread)),

@@ -22,9 +22,11 @@
 //! A physical object is its own memfd, sealed against grow and shrink (and against further seal
 //! changes), so that nobody holding the fd can change its size under a mapping.
 
-pub mod engine;
-pub mod ipc;
-pub mod managed;
+pub(crate) mod engine;
+pub(crate) mod ipc;
+pub(crate) mod managed;
+
+pub(crate) use managed::stream_copy;
 
 use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 
@@ -35,51 +37,23 @@ use rustix::mm::{MapFlags, MprotectFlags, ProtFlags};
 use super::{
     AllocLocation, Backend, DeviceInfo, PhysicalLocation, Protection, RawAllocation, RawPhysical,
 };
-use crate::error::{Error, Result};
-
-/// Configuration of the host backend's virtual devices.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostConfig {
-    /// Number of virtual devices (at least 1).
-    pub devices: u32,
-    /// Capacity of each device, in bytes.
-    pub device_memory: u64,
-    /// Largest single allocation on each device, in bytes (at most `device_memory`).
-    pub max_alloc_size: u64,
-}
-
-impl HostConfig {
-    /// Default: 2 devices sharing a quarter of the machine's RAM; the largest single allocation
-    /// is half a device's capacity.
-    pub fn default_for_machine() -> HostConfig {
-        let devices = 2;
-        let device_memory = round_down(total_ram() / 4 / devices as u64, 2 << 20).max(64 << 20);
-        HostConfig {
-            devices,
-            device_memory,
-            max_alloc_size: round_down(device_memory / 2, 2 << 20).max(2 << 20),
-        }
-    }
-}
-
-fn round_down(v: u64, to: u64) -> u64 {
-    v / to * to
-}
+use crate::backend::{HalError, Result};
 
 /// Total RAM of the machine in bytes (`sysinfo(2)`).
-pub fn total_ram() -> u64 {
+pub(crate) fn total_ram() -> u64 {
     let info = rustix::system::sysinfo();
     info.totalram as u64 * info.mem_unit.max(1) as u64
 }
 
-/// The OS page size in bytes.
-pub fn os_page_size() -> usize {
+/// The OS page size in bytes (`getauxval(AT_PAGESZ)` through rustix).
+pub(crate) fn os_page_size() -> usize {
     rustix::param::page_size()
 }
 
 /// Raises the soft limit of open files (`RLIMIT_NOFILE`) to the hard limit, so that many
-/// physical objects (one memfd each) can be live at once. Returns the limit now in force.
-pub fn raise_fd_limit() -> u64 {
+/// physical objects (one memfd each) can be live at once (`getrlimit(2)`, `setrlimit(2)`).
+/// Returns the limit now in force.
+pub(crate) fn raise_fd_limit() -> u64 {
     use rustix::process::{getrlimit, setrlimit, Resource};
     let mut lim = getrlimit(Resource::Nofile);
     if lim.current != lim.maximum {
@@ -89,8 +63,14 @@ pub fn raise_fd_limit() -> u64 {
     getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
 }
 
-/// `vm.max_map_count`, the kernel's cap on mappings (VMAs) per process.
-pub fn max_map_count() -> Option<u64> {
+/// The soft limit of open files now in force (`getrlimit(RLIMIT_NOFILE)`); `None` if unlimited.
+pub(crate) fn fd_limit() -> Option<u64> {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).current
+}
+
+/// `vm.max_map_count`, the kernel's cap on mappings (VMAs) per process
+/// (`/proc/sys/vm/max_map_count`).
+pub(crate) fn max_map_count() -> Option<u64> {
     std::fs::read_to_string("/proc/sys/vm/max_map_count")
         .ok()?
         .trim()
@@ -100,39 +80,35 @@ pub fn max_map_count() -> Option<u64> {
 
 /// The host backend.
 #[derive(Debug)]
-pub struct HostBackend {
+pub(crate) struct HostBackend {
     devices: Vec<DeviceInfo>,
-    config: HostConfig,
 }
 
 impl HostBackend {
-    /// Makes the backend with `config.devices` virtual devices and raises the fd limit. The
-    /// configuration was validated by the runtime builder (at least one device, non-zero sizes).
-    pub fn new(config: HostConfig) -> Result<HostBackend> {
-        debug_assert!(config.devices > 0 && config.device_memory > 0);
+    /// Makes the backend with `devices` virtual devices of `device_memory` bytes each, whose
+    /// largest single allocation is `max_alloc_size` bytes, and raises the open-file limit to
+    /// its hard limit (every physical object is a memfd). The runtime builder validated the
+    /// values (at least one device, non-zero sizes).
+    pub(crate) fn new(devices: u32, device_memory: u64, max_alloc_size: u64) -> HostBackend {
+        debug_assert!(devices > 0 && device_memory > 0);
         raise_fd_limit();
         let page = os_page_size();
-        let devices = (0..config.devices)
+        let devices = (0..devices)
             .map(|i| DeviceInfo {
                 name: format!("hetmem host device {i}"),
-                capacity: config.device_memory,
-                max_alloc_size: config.max_alloc_size.min(config.device_memory),
+                capacity: device_memory,
+                max_alloc_size: max_alloc_size.min(device_memory),
                 min_page_size: page,
             })
             .collect();
-        Ok(HostBackend { devices, config })
-    }
-
-    /// The configuration in force.
-    pub fn config(&self) -> &HostConfig {
-        &self.config
+        HostBackend { devices }
     }
 }
 
 /// Translates an errno from `what` into a hetmem error naming the limit that was hit.
-fn os_error(what: &str, e: Errno) -> Error {
+fn os_error(what: &str, e: Errno) -> HalError {
     match e {
-        Errno::NOMEM => Error::OutOfHostMemory(format!(
+        Errno::NOMEM => HalError::OutOfHostMemory(format!(
             "{what} failed with ENOMEM: the address space (RLIMIT_AS {}), RAM, or the mapping \
              limit vm.max_map_count ({}) is exhausted",
             rustix::process::getrlimit(rustix::process::Resource::As)
@@ -140,7 +116,7 @@ fn os_error(what: &str, e: Errno) -> Error {
                 .map_or("unlimited".to_string(), |v| v.to_string()),
             max_map_count().map_or("unknown".to_string(), |v| v.to_string())
         )),
-        Errno::MFILE | Errno::NFILE => Error::OutOfHostMemory(format!(
+        Errno::MFILE | Errno::NFILE => HalError::OutOfHostMemory(format!(
             "{what} failed with {}: the open-file limit RLIMIT_NOFILE ({}) is reached",
             if e == Errno::MFILE {
                 "EMFILE"
@@ -151,8 +127,8 @@ fn os_error(what: &str, e: Errno) -> Error {
                 .current
                 .map_or("unlimited".to_string(), |v| v.to_string())
         )),
-        Errno::NOSPC => Error::OutOfHostMemory(format!("{what} failed with ENOSPC")),
-        other => Error::Unknown(format!("{what} failed: {other}")),
+        Errno::NOSPC => HalError::OutOfHostMemory(format!("{what} failed with ENOSPC")),
+        other => HalError::Unexpected(format!("{what} failed: {other}")),
     }
 }
 
@@ -227,7 +203,11 @@ pub(crate) unsafe fn map_shared_fixed<Fd: std::os::fd::AsFd>(
 ///
 /// # Safety
 /// Edits the process address space; never touches existing mappings.
-pub unsafe fn reserve_placeholder(hint: Option<usize>, size: usize, align: usize) -> Result<usize> {
+pub(crate) unsafe fn reserve_placeholder(
+    hint: Option<usize>,
+    size: usize,
+    align: usize,
+) -> Result<usize> {
     if let Some(h) = hint {
         if h % align == 0 {
             // SAFETY: FIXED_NOREPLACE fails rather than replacing anything.
@@ -250,7 +230,7 @@ pub unsafe fn reserve_placeholder(hint: Option<usize>, size: usize, align: usize
         }
     }
     let total = size.checked_add(align).ok_or_else(|| {
-        Error::OutOfHostMemory(format!("no address range of {size:#x} + {align:#x} bytes"))
+        HalError::OutOfHostMemory(format!("no address range of {size:#x} + {align:#x} bytes"))
     })?;
     // SAFETY: a fresh anonymous mapping chosen by the kernel.
     let p = unsafe {
@@ -274,7 +254,7 @@ pub unsafe fn reserve_placeholder(hint: Option<usize>, size: usize, align: usize
 
 /// Creates a sealed memfd of `size` bytes: [`sized_memfd`], then
 /// `fcntl(F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL)`.
-pub fn sealed_memfd(size: usize) -> Result<OwnedFd> {
+pub(crate) fn sealed_memfd(size: usize) -> Result<OwnedFd> {
     let fd = sized_memfd("hetmem-physical", size as u64)?;
     rustix::fs::fcntl_add_seals(&fd, SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL)
         .map_err(|e| os_error("fcntl(F_ADD_SEALS)", e))?;
@@ -284,13 +264,13 @@ pub fn sealed_memfd(size: usize) -> Result<OwnedFd> {
 /// Creates a memfd of `size` bytes, not yet sealed: `memfd_create(MFD_CLOEXEC |
 /// MFD_ALLOW_SEALING)`, then `ftruncate` (after checking `RLIMIT_FSIZE`, which would otherwise
 /// kill the process with `SIGXFSZ`).
-pub fn sized_memfd(name: &str, size: u64) -> Result<OwnedFd> {
+pub(crate) fn sized_memfd(name: &str, size: u64) -> Result<OwnedFd> {
     let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
         .map_err(|e| os_error("memfd_create", e))?;
     // ftruncate past RLIMIT_FSIZE raises SIGXFSZ, which kills the process: refuse first.
     if let Some(limit) = rustix::process::getrlimit(rustix::process::Resource::Fsize).current {
         if size > limit {
-            return Err(Error::OutOfHostMemory(format!(
+            return Err(HalError::OutOfHostMemory(format!(
                 "{size:#x} bytes exceed the file-size limit RLIMIT_FSIZE ({limit}) that memfd \
                  memory is subject to"
             )));
@@ -453,6 +433,10 @@ impl Backend for HostBackend {
         Ok(Box::new(engine::HostEngine::new(device)?))
     }
 
+    fn create_sync(&self) -> Result<std::sync::Arc<dyn super::EngineSync>> {
+        Ok(std::sync::Arc::new(engine::HostSync::default()))
+    }
+
     unsafe fn protect(&self, addr: usize, size: usize, prot: Protection) -> Result<()> {
         // SAFETY: the range is mapped pages of our own reservation.
         unsafe { rustix::mm::mprotect(addr as *mut _, size, mprotect_flags(prot)) }
@@ -482,22 +466,126 @@ impl Backend for HostBackend {
     fn import_physical(&self, fd: OwnedFd) -> Result<RawPhysical> {
         Ok(RawPhysical(fd.into_raw_fd() as u64))
     }
+
+    fn numa_nodes(&self) -> Vec<u32> {
+        numa_nodes()
+    }
+
+    fn current_numa_node(&self) -> u32 {
+        current_numa_node()
+    }
+
+    fn start_broker(&self, make_handler: &dyn Fn() -> super::ipc::BrokerHandler) -> Result<u32> {
+        ipc::start_broker(make_handler).map_err(|e| {
+            let mut m = os_error("starting the IPC broker socket", e);
+            if e == Errno::ADDRINUSE {
+                if let HalError::Unexpected(t) = &mut m {
+                    t.push_str(": every name tried was already bound by another socket");
+                }
+            }
+            m
+        })
+    }
+
+    fn broker_request(
+        &self,
+        pid: u32,
+        nonce: u32,
+        request: &[u8; 64],
+        max_payload: usize,
+        max_fds: usize,
+    ) -> std::result::Result<super::ipc::BrokerAnswer, super::ipc::TransportError> {
+        ipc::broker_request(pid, nonce, request, max_payload, max_fds)
+    }
+
+    fn broker_stats(&self) -> super::ipc::BrokerStats {
+        super::ipc::BrokerStats {
+            peers_active: ipc::broker_peers_active(),
+            workers: ipc::broker_workers(),
+            max_peers: ipc::MAX_BROKER_PEERS,
+            worker_idle: ipc::WORKER_IDLE,
+        }
+    }
+
+    fn broker_name(&self, pid: u32, nonce: u32) -> String {
+        ipc::broker_name(pid, nonce)
+    }
+
+    fn random_token(&self) -> Result<[u8; 16]> {
+        ipc::random_token().map_err(|e| os_error("getrandom(2) for an IPC token", e))
+    }
+
+    fn shareable_identity(&self, fd: BorrowedFd<'_>) -> Option<super::ipc::ShareableIdentity> {
+        ipc::fd_identity(fd).map(|(dev, ino, size)| super::ipc::ShareableIdentity {
+            dev,
+            ino,
+            size,
+        })
+    }
+
+    fn check_shareable(&self, fd: BorrowedFd<'_>, need: u64) -> std::result::Result<(), String> {
+        check_sealed_memfd(fd, need)
+    }
+
+    fn dup_shareable(&self, fd: BorrowedFd<'_>) -> Result<OwnedFd> {
+        ipc::dup_fd(fd).map_err(|e| os_error("fcntl(F_DUPFD_CLOEXEC) of a shareable handle", e))
+    }
+}
+
+/// The NUMA nodes of this machine (`/sys/devices/system/node/node<N>`), ascending; `[0]` if
+/// none listed. The ids `ACL_MEM_LOCATIONTYPE_HOST_NUMA` accepts. Never fails.
+pub(crate) fn numa_nodes() -> Vec<u32> {
+    let mut v: Vec<u32> = std::fs::read_dir("/sys/devices/system/node")
+        .map(|d| {
+            d.filter_map(|e| {
+                let n = e.ok()?.file_name().into_string().ok()?;
+                n.strip_prefix("node")?.parse().ok()
+            })
+            .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    if v.is_empty() {
+        v.push(0);
+    }
+    v
+}
+
+/// The NUMA node of the CPU the calling thread runs on (`getcpu(2)`); 0 if unknown. What
+/// `ACL_MEM_LOCATIONTYPE_HOST_NUMA_CURRENT` resolves to when a call is made. Never fails.
+pub(crate) fn current_numa_node() -> u32 {
+    let mut cpu: libc::c_uint = 0;
+    let mut node: libc::c_uint = 0;
+    // SAFETY: getcpu writes two unsigned ints through valid pointers; the cache arg may be null.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_getcpu,
+            &mut cpu as *mut libc::c_uint,
+            &mut node as *mut libc::c_uint,
+            std::ptr::null_mut::<libc::c_void>(),
+        )
+    };
+    if r == 0 {
+        node
+    } else {
+        0
+    }
 }
 
 /// Number of open file descriptors of this process (entries of `/proc/self/fd`).
-pub fn open_fd_count() -> usize {
+pub(crate) fn open_fd_count() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
 }
 
 /// Number of mappings (lines of `/proc/self/maps`) of this process.
-pub fn mapping_count() -> usize {
+pub(crate) fn mapping_count() -> usize {
     std::fs::read_to_string("/proc/self/maps").map_or(0, |s| s.lines().count())
 }
 
 /// The weakest protection over `[addr, addr+size)` of this process, from `/proc/self/maps`:
 /// `None` if any byte is unmapped, `Some(Protection::None)` if any page is unreadable,
 /// `Some(ReadOnly)` if any is unwritable, else `Some(ReadWrite)`.
-pub fn host_protection(addr: usize, size: usize) -> Option<Protection> {
+pub(crate) fn host_protection(addr: usize, size: usize) -> Option<Protection> {
     let end = addr.checked_add(size)?;
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     let mut at = addr;
@@ -532,4 +620,89 @@ pub fn host_protection(addr: usize, size: usize) -> Option<Protection> {
         }
     }
     None
+}
+
+/// Checks that `fd` is a memfd sealed against grow and shrink of at least `need` bytes
+/// (`fcntl(F_GET_SEALS)`, `fstat(2)`): what the host backend imports. `Err` says what is wrong.
+fn check_sealed_memfd(fd: BorrowedFd<'_>, need: u64) -> std::result::Result<(), String> {
+    let seals = ipc::fd_seals(fd)
+        .map_err(|e| format!("a received fd is not a sealable memfd (F_GET_SEALS: {e})"))?;
+    if !seals.contains(SealFlags::GROW | SealFlags::SHRINK) {
+        return Err(format!(
+            "a received memfd is not sealed against grow and shrink (seals {:#x})",
+            seals.bits()
+        ));
+    }
+    let (_, _, size) =
+        ipc::fd_identity(fd).ok_or("a received fd cannot be inspected (fstat failed)")?;
+    if size < need {
+        return Err(format!(
+            "a received memfd holds {size:#x} bytes, the handle maps {need:#x}"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    fn memfd(size: u64, seals: SealFlags) -> OwnedFd {
+        let fd =
+            rustix::fs::memfd_create("t", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
+        rustix::fs::ftruncate(&fd, size).unwrap();
+        if !seals.is_empty() {
+            rustix::fs::fcntl_add_seals(&fd, seals).unwrap();
+        }
+        fd
+    }
+
+    /// An IPC open maps only a memfd sealed against grow and shrink and large enough; the
+    /// semantics layer turns the refusal into `InvalidArgument` with the reason.
+    #[test]
+    fn received_fd_must_be_a_memfd_sealed_against_grow_and_shrink_and_large_enough() {
+        let b = HostBackend::new(1, 64 << 20, 32 << 20);
+        let ok = memfd(
+            1 << 16,
+            SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL,
+        );
+        assert!(crate::ipc::check_received_fd(&b, ok.as_fd(), 1 << 16).is_ok());
+        let e = crate::ipc::check_received_fd(&b, ok.as_fd(), (1 << 16) + 1).unwrap_err();
+        assert_eq!(e.ze_result(), 0x7800_0004, "{e}");
+        assert!(e.message().contains("holds"), "{e}");
+        for seals in [SealFlags::empty(), SealFlags::GROW, SealFlags::SHRINK] {
+            let f = memfd(1 << 16, seals);
+            let e = crate::ipc::check_received_fd(&b, f.as_fd(), 1 << 16).unwrap_err();
+            assert_eq!(e.ze_result(), 0x7800_0004, "{seals:?}");
+            assert!(e.message().contains("not sealed"), "{e}");
+        }
+        // Not a memfd at all: a pipe.
+        let (r, _w) = rustix::pipe::pipe().unwrap();
+        let e = crate::ipc::check_received_fd(&b, r.as_fd(), 1).unwrap_err();
+        assert_eq!(e.ze_result(), 0x7800_0004);
+        assert!(e.message().contains("not a sealable memfd"), "{e}");
+    }
+
+    /// Backend failures carry the limit they hit, as the backend's own error kind.
+    #[test]
+    fn os_errors_name_the_limit_and_stay_backend_errors() {
+        match os_error("mmap", Errno::MFILE) {
+            HalError::OutOfHostMemory(m) => assert!(m.contains("RLIMIT_NOFILE"), "{m}"),
+            e => panic!("EMFILE gave {e:?}"),
+        }
+        match os_error("mmap", Errno::NOMEM) {
+            HalError::OutOfHostMemory(m) => assert!(m.contains("vm.max_map_count"), "{m}"),
+            e => panic!("ENOMEM gave {e:?}"),
+        }
+        assert!(matches!(
+            os_error("x", Errno::INVAL),
+            HalError::Unexpected(_)
+        ));
+        // The one conversion to the spec error.
+        let e: crate::Error = HalError::OutOfHostMemory("m".into()).into();
+        assert_eq!(e.ze_result(), 0x7000_0002);
+        let e: crate::Error = HalError::Unsupported("m".into()).into();
+        assert_eq!(e.ze_result(), 0x7800_0003);
+    }
 }

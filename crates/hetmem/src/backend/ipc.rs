@@ -1,0 +1,85 @@
+//! The backend's side of IPC: the types of the transport operations of
+//! [`Backend`](super::Backend) (a per-process broker that hands shareable handles to importers,
+//! and the checks and identity of a shareable handle).
+//!
+//! The handle format, every rule about what a request means and what to answer, and every error
+//! code live in the semantics layer ([`crate::ipc`]); a backend only moves bytes and
+//! shareable handles (POSIX file descriptors on both the host and the CUDA backend:
+//! a memfd, or what `cuMemExportToShareableHandle(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)`
+//! returns).
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use super::HalError;
+
+/// What a broker answers to one request (the handler's side).
+#[derive(Debug, Default)]
+pub struct BrokerReply {
+    /// 0 for success; anything else is the handler's own code.
+    pub status: u32,
+    /// Bytes for the requester (an error message when `status != 0`).
+    pub payload: Vec<u8>,
+    /// Shareable handles to pass, shared with the handler's own records so that none is
+    /// duplicated for the send.
+    pub fds: Option<Arc<[OwnedFd]>>,
+}
+
+/// What a broker answered (the requester's side); the handles are the requester's own.
+#[derive(Debug, Default)]
+pub struct BrokerAnswer {
+    /// 0 for success; anything else is the handler's code.
+    pub status: u32,
+    /// The handler's bytes.
+    pub payload: Vec<u8>,
+    /// The handles received.
+    pub fds: Vec<OwnedFd>,
+}
+
+/// The handler a broker runs for each request: the 64 request bytes and the requester's pid.
+pub type BrokerHandler = Arc<dyn Fn(&[u8; 64], u32) -> BrokerReply + Send + Sync>;
+
+/// Why a broker request failed, as far as the transport can tell.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransportError {
+    /// The exporting process is gone: no broker serves its name, or the connection ended
+    /// before the whole answer came (it died while answering).
+    #[error("the exporting process is gone")]
+    PeerGone,
+    /// The broker's name is served by a process other than the exporter (another pid, or
+    /// another user): nothing was sent to it. Carries the name.
+    #[error("the broker name {0:?} is served by another process")]
+    Impostor(String),
+    /// The answer broke the wire format or exceeded the bounds the requester set.
+    #[error("malformed broker answer: {0}")]
+    Protocol(String),
+    /// A local failure (out of file descriptors, a socket call refused).
+    #[error("{0}")]
+    Local(HalError),
+}
+
+/// Identity of a shareable handle: the same memory gives the same identity in every process
+/// (host: `st_dev` and `st_ino` of the memfd; CUDA: those of the exported fd), with the size
+/// of the memory behind it in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ShareableIdentity {
+    /// The file system device (`st_dev`).
+    pub dev: u64,
+    /// The inode (`st_ino`).
+    pub ino: u64,
+    /// Bytes of memory behind the handle (`st_size`).
+    pub size: u64,
+}
+
+/// The state of this process's broker, for leak checks and `hetmem info`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BrokerStats {
+    /// Peers being served now.
+    pub peers_active: usize,
+    /// Worker threads alive now (idle ones exit after `worker_idle`).
+    pub workers: usize,
+    /// Most peers served at once; further connections are dropped until one finishes.
+    pub max_peers: usize,
+    /// How long an idle worker stays before it exits.
+    pub worker_idle: std::time::Duration,
+}

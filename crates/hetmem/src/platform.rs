@@ -1,0 +1,49 @@
+//! Facts about the machine and this process, read by the platform layer: for `hetmem info`,
+//! for defaults, and for leak checks in tests and benchmarks (open files, mappings). Reading
+//! them changes nothing.
+
+pub use crate::backend::PlatformFacts;
+
+/// The machine's [`PlatformFacts`]: RAM, OS page size, open-file limit, `vm.max_map_count`.
+pub fn facts() -> PlatformFacts {
+    crate::backend::platform_facts()
+}
+
+/// Number of open file descriptors of this process now.
+pub fn open_fd_count() -> usize {
+    crate::backend::open_fd_count()
+}
+
+/// Number of mappings (VMAs) of this process now; each reservation, mapping and allocation
+/// adds some, so a return to an earlier count shows nothing leaked.
+pub fn mapping_count() -> usize {
+    crate::backend::mapping_count()
+}
+
+/// The OS page size in bytes (the unit of imports of system memory).
+pub fn page_size() -> usize {
+    facts().page_size
+}
+
+/// The NUMA nodes of this machine (`/sys/devices/system/node/node<N>`), ascending; `[0]` if
+/// none is listed. The ids `ACL_MEM_LOCATIONTYPE_HOST_NUMA` accepts. Never fails.
+pub fn numa_nodes() -> Vec<u32> {
+    crate::backend::numa_nodes()
+}
+
+/// The NUMA node of the CPU the calling thread runs on (`getcpu(2)`); 0 if unknown. What
+/// `ACL_MEM_LOCATIONTYPE_HOST_NUMA_CURRENT` resolves to when a call is made. Never fails.
+pub fn current_numa_node() -> u32 {
+    crate::backend::current_numa_node()
+}
+
+/// Copies `len` bytes from `src` to `dst` as the host backend's copy engine migrates a managed
+/// page: non-temporal (streaming) stores when `dst` is 16-byte aligned and `len` a multiple of
+/// 64 on x86_64, `memcpy` otherwise. A raw baseline for benchmarks.
+///
+/// # Safety
+/// `src` is readable and `dst` writable for `len` bytes, and they do not overlap.
+pub unsafe fn stream_copy(dst: usize, src: usize, len: usize) {
+    // SAFETY: the caller's contract is the routine's.
+    unsafe { crate::backend::stream_copy(dst, src, len) }
+}

@@ -1,0 +1,86 @@
+//! The layering rule of `DESIGN.md`, checked on the source tree: no file above the host
+//! backend's folder (`src/backend/host/`) names the host backend or makes an OS call (`libc`,
+//! `rustix`, `std::fs`), so that a second backend can sit beside it; and the CLI reaches
+//! hetmem through its public API only. `src/backend/mod.rs` is the one place that makes the
+//! host backend (`mod host;`, `host::HostBackend::new`) and forwards the platform facts.
+
+use std::path::{Path, PathBuf};
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Lines of `files` (comments skipped) for which `bad` is true, as `path:line: text`.
+fn offending(files: &[PathBuf], bad: impl Fn(&str) -> bool) -> Vec<String> {
+    let mut hits = Vec::new();
+    for f in files {
+        for (i, l) in std::fs::read_to_string(f).unwrap().lines().enumerate() {
+            let t = l.trim_start();
+            if t.starts_with("//") {
+                continue;
+            }
+            if bad(t) {
+                hits.push(format!("{}:{}: {}", f.display(), i + 1, t));
+            }
+        }
+    }
+    hits
+}
+
+fn names_os(l: &str) -> bool {
+    ["libc::", "rustix::", "std::fs::", "std::fs;", "use std::fs"]
+        .iter()
+        .any(|p| l.contains(p))
+}
+
+fn names_host_backend(l: &str) -> bool {
+    l.contains("backend::host") || l.contains("hal::host") || l.contains("HostBackend")
+}
+
+#[test]
+fn no_file_above_the_host_backend_names_it_or_makes_os_calls() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let host = src.join("backend").join("host");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let above: Vec<PathBuf> = files
+        .into_iter()
+        .filter(|f| !f.starts_with(&host))
+        .collect();
+    assert!(above.len() > 5, "the source tree was not found: {above:?}");
+    let dispatch = src.join("backend").join("mod.rs");
+    let hits = offending(&above, |l| names_os(l) || names_host_backend(l));
+    let hits: Vec<String> = hits
+        .into_iter()
+        // The dispatch point may name the module it dispatches to, and nothing else.
+        .filter(|h| !h.starts_with(&dispatch.display().to_string()) || names_os(h))
+        .collect();
+    assert!(
+        hits.is_empty(),
+        "host-backend names or OS calls above src/backend/host/:\n{}",
+        hits.join("\n")
+    );
+}
+
+#[test]
+fn the_cli_uses_only_the_public_api_and_never_the_backend_module() {
+    let cli = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hetmem-cli/src");
+    let mut files = Vec::new();
+    rust_files(&cli, &mut files);
+    assert!(!files.is_empty(), "the CLI sources were not found");
+    let hits = offending(&files, |l| {
+        l.contains("hetmem::backend") || l.contains("::host::")
+    });
+    assert!(
+        hits.is_empty(),
+        "the CLI reaches into the backend:\n{}",
+        hits.join("\n")
+    );
+}
