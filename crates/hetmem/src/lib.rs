@@ -4,13 +4,35 @@
 //! memory, and the memory extensions) and of ACL managed memory, with their exact semantics,
 //! over a **host** backend (any Linux: real `mmap`, `memfd`, `mprotect`) and a **cuda** backend.
 //!
-//! Layers, each calling only the one below:
-//! - safe API: [`Runtime`], [`Driver`], [`Device`], [`Context`];
-//! - semantics ([`vmm`] for virtual memory, [`usm`] for host / device / shared allocations,
-//!   imports of system memory and their queries, [`managed`] for ACL managed memory with
-//!   fault-driven migration): every spec rule, validation, error selection and bookkeeping;
-//! - backend trait ([`backend::Backend`]): raw operations, no spec logic;
-//! - backends ([`backend::host`]).
+//! # Layers
+//!
+//! Data flows one way, each layer calling only the one below, each a folder of `src/`:
+//!
+//! ```text
+//! api/        the safe front: Runtime, Driver, Device, Context, and one public module per family
+//!             (vmm, usm, queue, ipc, managed, platform) with its types and the thin
+//!             `impl Context` of its calls. The C ABI crates (hetmem-ze, hetmem-acl) sit here.
+//! spec.rs     every spec enumeration, flag set and structure-type constant with its decoder
+//!             (what a C ABI turns descriptors and pNext chains into)
+//! semantics/  every rule of the specs, once: validation, the choice of each error code, all
+//!             bookkeeping (ranges, mappings, access, capacity, in-flight work, free policies,
+//!             the IPC handle format, managed advice / attributes / residency). No OS call, no
+//!             backend named; its modules import each other without a cycle.
+//! backend/    the trait a platform implements (`backend::Backend`, `backend::managed`,
+//!             `backend::ipc`): raw operations, minimal validation, failures as the backend's
+//!             own `HalError`, converted to the spec `Error` in one place (error.rs). Each
+//!             method's docs name the CUDA driver call a GPU backend makes.
+//! backend/host/  the host backend, the only place that makes syscalls (rustix, one wrapper per
+//!             call, man pages named): mmap / memfd / mprotect, userfaultfd residency, worker
+//!             threads as engines, the SCM_RIGHTS broker.
+//! ```
+//!
+//! Why this cut: it is wgpu's (`wgpu` / `wgpu-core` / `wgpu-hal`). The semantics layer must give
+//! the same answer to the same call on every backend and through every front (Rust, Level Zero
+//! C, ACL C), so it is the one place that validates and tracks resources; a backend that chose a
+//! code, or a front that checked an argument, would let two fronts disagree. The backend trait is
+//! shaped by what both Linux and the CUDA driver can do, so a `cuda/` folder beside `host/`
+//! implements it without touching anything above. `tests/layering.rs` checks the direction.
 //!
 //! ```
 //! use hetmem::{AccessAttribute, PhysicalMemoryFlags, Runtime};
@@ -28,22 +50,21 @@
 //! # Ok::<(), hetmem::Error>(())
 //! ```
 
+pub mod api;
 pub mod backend;
-mod capacity;
-pub mod driver;
+mod config;
 pub mod error;
-pub mod ipc;
-pub mod managed;
-pub mod platform;
-pub mod queue;
-pub mod ranges;
-pub mod usm;
-pub mod vmm;
+mod semantics;
+pub mod spec;
 
-pub use driver::{
-    parse_bytes, BackendConfig, BackendKind, Context, Device, Driver, HostConfig, Runtime,
-    RuntimeBuilder,
-};
+// The public module of each family (its types, and the `impl Context` methods of its calls).
+pub use api::{ipc, managed, platform, queue, usm, vmm};
+/// Range bookkeeping (sorted non-overlapping ranges with split and merge), used by the
+/// semantics layer; public for its property tests and benchmarks.
+pub use semantics::ranges;
+
+pub use api::runtime::{Context, Device, Driver, Runtime, RuntimeBuilder};
+pub use config::{parse_bytes, BackendConfig, BackendKind, HostConfig};
 pub use error::{Error, Result};
 pub use ipc::{IpcHandle, IpcHandleKind, IpcHandleTypes, IpcProperties};
 pub use managed::{

@@ -84,3 +84,62 @@ fn the_cli_uses_only_the_public_api_and_never_the_backend_module() {
         hits.join("\n")
     );
 }
+
+/// The semantics modules (`src/semantics/*.rs`) that module `m` names in its code (comments
+/// and its `#[cfg(test)]` module left out).
+fn semantics_imports(src: &Path, m: &str, all: &[String]) -> Vec<String> {
+    let text = std::fs::read_to_string(src.join("semantics").join(format!("{m}.rs"))).unwrap();
+    let code = text.split("#[cfg(test)]").next().unwrap();
+    let mut out = Vec::new();
+    for l in code.lines() {
+        let t = l.trim_start();
+        if t.starts_with("//") {
+            continue;
+        }
+        for other in all {
+            if other != m && t.contains(&format!("semantics::{other}")) && !out.contains(other) {
+                out.push(other.clone());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_semantics_modules_import_each_other_without_a_cycle_and_never_the_api() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut all: Vec<String> = std::fs::read_dir(src.join("semantics"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+        .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+        .filter(|m| m != "mod")
+        .collect();
+    all.sort();
+    assert!(all.len() >= 8, "semantics modules not found: {all:?}");
+    let graph: Vec<(String, Vec<String>)> = all
+        .iter()
+        .map(|m| (m.clone(), semantics_imports(&src, m, &all)))
+        .collect();
+    // Kahn's algorithm: repeatedly remove modules that import nothing left.
+    let mut left = graph.clone();
+    while let Some(i) = left
+        .iter()
+        .position(|(_, deps)| deps.iter().all(|d| !left.iter().any(|(m, _)| m == d)))
+    {
+        left.remove(i);
+    }
+    assert!(left.is_empty(), "import cycle among {left:?}");
+    // Nothing in the semantics layer names the API above it.
+    let mut files = Vec::new();
+    rust_files(&src.join("semantics"), &mut files);
+    let up = offending(&files, |l| {
+        l.contains("crate::api") || l.contains("crate::Context") || l.contains("crate::Driver")
+    });
+    let up: Vec<String> = up.into_iter().filter(|h| !h.contains("[`")).collect();
+    assert!(
+        up.is_empty(),
+        "the semantics layer names the API:\n{}",
+        up.join("\n")
+    );
+}

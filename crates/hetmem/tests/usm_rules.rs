@@ -591,3 +591,68 @@ fn context_teardown_frees_its_allocations_and_imports() {
     keep.free_memory(k).unwrap();
     assert_eq!(rt.driver().usm_stats(), hetmem::UsmStats::default());
 }
+
+/// One descriptor carries every chained option: a system-memory import chained to
+/// `zeMemAllocHost` imports (the pointer comes back, `HOST_IMPORTED`), the same chained to a
+/// device or shared allocation is `InvalidArgument` and changes nothing.
+#[test]
+fn system_memory_import_chained_on_the_allocation_descriptor_applies_to_host_allocations_only() {
+    let (rt, dev, ctx) = setup();
+    let mut pages = Box::new(Pages([7; 2 * HOST_PAGE]));
+    let ptr = pages.0.as_mut_ptr() as usize;
+    let desc = AllocDesc::new(2 * HOST_PAGE).system_memory(ptr, false);
+    let before = rt.driver().usm_stats();
+    let e = ctx.alloc_device(&dev, &desc).unwrap_err();
+    assert_eq!(e.ze_result(), INVALID_ARGUMENT, "{e}");
+    assert!(e.message().contains("zeMemAllocHost only"), "{e}");
+    assert_eq!(code(ctx.alloc_shared(Some(&dev), &desc)), INVALID_ARGUMENT);
+    assert_eq!(
+        rt.driver().usm_stats(),
+        before,
+        "a refused chain allocates nothing"
+    );
+    let p = ctx.alloc_host(&desc).unwrap();
+    assert_eq!(p, ptr, "the import keeps the system address");
+    let props = ctx.get_allocation_properties(p).unwrap();
+    assert_eq!(props.memory_type, MemoryType::HostImported);
+    ctx.free_memory(p).unwrap();
+    assert_eq!(
+        pages.0[HOST_PAGE], 7,
+        "the memory stays after the import is released"
+    );
+}
+
+/// IPC handle types chained on the descriptor apply to shared allocations as to host and
+/// device ones: FABRIC_ACCESSIBLE is `UnsupportedFeature` before anything is allocated; DEFAULT
+/// is recorded, so a get asking for FABRIC_ACCESSIBLE is refused.
+#[test]
+fn ipc_handle_types_chained_on_the_allocation_descriptor_apply_to_shared_allocations_too() {
+    use hetmem::{IpcHandleTypes, IpcProperties};
+    let (rt, dev, ctx) = setup();
+    let before = rt.driver().usm_stats();
+    let fabric = IpcHandleTypes::FABRIC_ACCESSIBLE;
+    let e = ctx
+        .alloc_shared(Some(&dev), &AllocDesc::new(MIB).ipc_types(fabric))
+        .unwrap_err();
+    assert_eq!(e.ze_result(), 0x7800_0003, "{e}");
+    assert_eq!(rt.driver().usm_stats(), before, "nothing allocated");
+    let p = ctx
+        .alloc_shared(
+            Some(&dev),
+            &AllocDesc::new(MIB).ipc_types(IpcHandleTypes::DEFAULT),
+        )
+        .unwrap();
+    let ask = |t| IpcProperties {
+        handle_types: Some(t),
+        ..Default::default()
+    };
+    let h = ctx
+        .get_ipc_handle_with_properties(p, &ask(IpcHandleTypes::DEFAULT))
+        .unwrap();
+    ctx.put_ipc_handle(&h).unwrap();
+    assert_eq!(
+        code(ctx.get_ipc_handle_with_properties(p, &ask(fabric))),
+        0x7800_0003
+    );
+    ctx.free_memory(p).unwrap();
+}

@@ -43,9 +43,19 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::backend::{Backend, PhysicalLocation, Protection, RawPhysical};
-use crate::capacity::DeviceMemory;
 use crate::error::{Addr, Error, Result};
-use crate::ranges::{RangeMap, Splittable};
+use crate::semantics::capacity::DeviceMemory;
+use crate::semantics::ranges::{RangeMap, Splittable};
+pub use crate::spec::{AccessAttribute, PhysicalMemoryFlags};
+
+/// The backend protection that implements an access attribute.
+pub(crate) fn protection(a: AccessAttribute) -> Protection {
+    match a {
+        AccessAttribute::None => Protection::None,
+        AccessAttribute::ReadWrite => Protection::ReadWrite,
+        AccessAttribute::ReadOnly => Protection::ReadOnly,
+    }
+}
 
 /// 64 KiB, the page size the query answers below 2 MiB.
 pub const PAGE_64K: usize = 64 << 10;
@@ -59,69 +69,6 @@ pub const PAGE_2M: usize = 2 << 20;
 pub fn page_size_for(min_page: usize, size: usize) -> usize {
     let rule = if size < PAGE_2M { PAGE_64K } else { PAGE_2M };
     rule.max(min_page)
-}
-
-/// Page access attribute (`ze_memory_access_attribute_t`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[repr(u32)]
-pub enum AccessAttribute {
-    /// `ZE_MEMORY_ACCESS_ATTRIBUTE_NONE` (0): inaccessible; any access faults.
-    #[default]
-    None = 0,
-    /// `ZE_MEMORY_ACCESS_ATTRIBUTE_READWRITE` (1).
-    ReadWrite = 1,
-    /// `ZE_MEMORY_ACCESS_ATTRIBUTE_READONLY` (2): writes fault.
-    ReadOnly = 2,
-}
-
-impl AccessAttribute {
-    /// Decodes the C value. Values over READONLY are `InvalidEnumeration`.
-    pub fn from_raw(v: u32) -> Result<AccessAttribute> {
-        match v {
-            0 => Ok(AccessAttribute::None),
-            1 => Ok(AccessAttribute::ReadWrite),
-            2 => Ok(AccessAttribute::ReadOnly),
-            _ => Err(Error::InvalidEnumeration(format!(
-                "access attribute {v} is not NONE (0), READWRITE (1) or READONLY (2)"
-            ))),
-        }
-    }
-
-    fn protection(self) -> Protection {
-        match self {
-            AccessAttribute::None => Protection::None,
-            AccessAttribute::ReadWrite => Protection::ReadWrite,
-            AccessAttribute::ReadOnly => Protection::ReadOnly,
-        }
-    }
-}
-
-/// `ze_physical_mem_flags_t`: where a physical memory object is allocated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum PhysicalMemoryFlags {
-    /// `ZE_PHYSICAL_MEM_FLAG_ALLOCATE_ON_DEVICE` (1 << 0, and the default 0).
-    #[default]
-    AllocateOnDevice,
-    /// `ZE_PHYSICAL_MEM_FLAG_ALLOCATE_ON_HOST` (1 << 1).
-    AllocateOnHost,
-}
-
-impl PhysicalMemoryFlags {
-    /// Decodes the C flags: over 0x3 is `InvalidEnumeration`, both bits at once is
-    /// `InvalidArgument`.
-    pub fn from_raw(v: u32) -> Result<PhysicalMemoryFlags> {
-        match v {
-            0 | 1 => Ok(PhysicalMemoryFlags::AllocateOnDevice),
-            2 => Ok(PhysicalMemoryFlags::AllocateOnHost),
-            3 => Err(Error::InvalidArgument(
-                "physical memory flags 0x3 ask for both ALLOCATE_ON_DEVICE and ALLOCATE_ON_HOST"
-                    .into(),
-            )),
-            _ => Err(Error::InvalidEnumeration(format!(
-                "physical memory flags {v:#x} exceed 0x3"
-            ))),
-        }
-    }
 }
 
 /// A reserved virtual address range (`zeVirtualMemReserve`'s result): base address and size in
@@ -176,22 +123,22 @@ impl Splittable for Mapped {
 }
 
 #[derive(Debug)]
-struct ReservationRec {
-    size: usize,
-    context: u64,
+pub(crate) struct ReservationRec {
+    pub(crate) size: usize,
+    pub(crate) context: u64,
 }
 
 #[derive(Debug)]
-struct PhysicalRec {
-    raw: RawPhysical,
-    size: usize,
-    location: PhysicalLocation,
-    context: u64,
+pub(crate) struct PhysicalRec {
+    pub(crate) raw: RawPhysical,
+    pub(crate) size: usize,
+    pub(crate) location: PhysicalLocation,
+    pub(crate) context: u64,
     /// Bytes of this object mapped anywhere right now.
-    mapped: usize,
+    pub(crate) mapped: usize,
     /// IPC handle types chained at creation (`ze_ipc_mem_handle_type_ext_desc_t`), if any;
     /// set by [`crate::ipc`] and gone with the record.
-    ipc_types: Option<crate::ipc::IpcHandleTypes>,
+    pub(crate) ipc_types: Option<crate::spec::IpcHandleTypes>,
 }
 
 /// Per-device figures of the semantics layer.
@@ -234,23 +181,23 @@ pub(crate) struct VmPointer {
 /// The bookkeeping of one driver's virtual memory. Guarded by the driver's lock.
 #[derive(Debug)]
 pub(crate) struct VmState {
-    reservations: std::collections::BTreeMap<usize, ReservationRec>,
-    mapped: RangeMap<Mapped>,
-    physical: HashMap<u64, PhysicalRec>,
+    pub(crate) reservations: std::collections::BTreeMap<usize, ReservationRec>,
+    pub(crate) mapped: RangeMap<Mapped>,
+    pub(crate) physical: HashMap<u64, PhysicalRec>,
     /// Device capacity and ids, shared with the USM state ([`crate::usm`]).
-    devmem: Arc<DeviceMemory>,
-    min_page: Vec<usize>,
-    host_used: u64,
+    pub(crate) devmem: Arc<DeviceMemory>,
+    pub(crate) min_page: Vec<usize>,
+    pub(crate) host_used: u64,
 }
 
-fn null_check(ptr: usize, what: &str) -> Result<()> {
+pub(crate) fn null_check(ptr: usize, what: &str) -> Result<()> {
     if ptr == 0 {
         return Err(Error::InvalidNullPointer(format!("{what} is null")));
     }
     Ok(())
 }
 
-fn nonzero(size: usize, what: &str) -> Result<()> {
+pub(crate) fn nonzero(size: usize, what: &str) -> Result<()> {
     if size == 0 {
         return Err(Error::UnsupportedSize(format!("{what} is 0")));
     }
@@ -258,7 +205,7 @@ fn nonzero(size: usize, what: &str) -> Result<()> {
 }
 
 /// `UnsupportedSize` unless `size` is a multiple of `page`.
-fn size_multiple(size: usize, page: usize, what: &str) -> Result<()> {
+pub(crate) fn size_multiple(size: usize, page: usize, what: &str) -> Result<()> {
     if !size.is_multiple_of(page) {
         return Err(Error::UnsupportedSize(format!(
             "{what} {size:#x} is not a multiple of its page size {page:#x}"
@@ -268,7 +215,7 @@ fn size_multiple(size: usize, page: usize, what: &str) -> Result<()> {
 }
 
 /// `UnsupportedAlignment` unless `value` is a multiple of `page`.
-fn aligned(value: usize, page: usize, what: &str) -> Result<()> {
+pub(crate) fn aligned(value: usize, page: usize, what: &str) -> Result<()> {
     if !value.is_multiple_of(page) {
         return Err(Error::UnsupportedAlignment(format!(
             "{what} {value:#x} is not aligned to the page size {page:#x}"
@@ -301,7 +248,7 @@ impl VmState {
         self.page_size(1)
     }
 
-    fn device_index(&self, ordinal: u32) -> Result<usize> {
+    pub(crate) fn device_index(&self, ordinal: u32) -> Result<usize> {
         let i = ordinal as usize;
         if i >= self.devmem.len() {
             return Err(Error::InvalidNullHandle(format!(
@@ -320,7 +267,12 @@ impl VmState {
     }
 
     /// The reservation of `context` that wholly contains `[ptr, ptr+size)`.
-    fn containing_reservation(&self, context: u64, ptr: usize, size: usize) -> Result<usize> {
+    pub(crate) fn containing_reservation(
+        &self,
+        context: u64,
+        ptr: usize,
+        size: usize,
+    ) -> Result<usize> {
         let end = ptr.checked_add(size).ok_or_else(|| {
             Error::InvalidArgument(format!("range {} + {size:#x} overflows", Addr(ptr)))
         })?;
@@ -343,7 +295,7 @@ impl VmState {
         }
     }
 
-    fn check_base_aligned(&self, ptr: usize, size: usize) -> Result<()> {
+    pub(crate) fn check_base_aligned(&self, ptr: usize, size: usize) -> Result<()> {
         let page = self.base_page();
         aligned(ptr, page, "address")?;
         size_multiple(size, page, "size")
@@ -417,7 +369,12 @@ impl VmState {
     }
 
     /// Unmaps `[start, end)` which is fully mapped, updating physical-object counts.
-    fn unmap_run(&mut self, backend: &dyn Backend, start: usize, end: usize) -> Result<()> {
+    pub(crate) fn unmap_run(
+        &mut self,
+        backend: &dyn Backend,
+        start: usize,
+        end: usize,
+    ) -> Result<()> {
         // SAFETY: every page of [start, end) is mapped (checked by the callers).
         unsafe { backend.unmap(start, end - start)? };
         for (s, e) in self.mapped.remove(start, end) {
@@ -495,7 +452,7 @@ impl VmState {
         Ok(PhysicalMemory { id, size })
     }
 
-    fn physical_of(&self, context: u64, id: u64) -> Result<&PhysicalRec> {
+    pub(crate) fn physical_of(&self, context: u64, id: u64) -> Result<&PhysicalRec> {
         match self.physical.get(&id) {
             Some(p) if p.context == context => Ok(p),
             _ => Err(Error::InvalidArgument(format!(
@@ -566,7 +523,7 @@ impl VmState {
             )));
         }
         // SAFETY: validated: inside a reservation, unmapped, within the object.
-        unsafe { backend.map(ptr, size, raw, offset, access.protection())? };
+        unsafe { backend.map(ptr, size, raw, offset, protection(access))? };
         self.physical.get_mut(&phys).expect("checked").mapped += size;
         self.mapped.insert(
             ptr,
@@ -643,10 +600,10 @@ impl VmState {
         if let Some((_, old)) = run.filter(|&(run_end, _)| run_end >= end) {
             if old != access {
                 // SAFETY: [ptr, end) is mapped.
-                if let Err(err) = unsafe { backend.protect(ptr, size, access.protection()) } {
+                if let Err(err) = unsafe { backend.protect(ptr, size, protection(access)) } {
                     // mprotect may have changed part of the range before failing: put it back.
                     // SAFETY: same mapped range.
-                    unsafe { backend.protect(ptr, size, old.protection()).ok() };
+                    unsafe { backend.protect(ptr, size, protection(old)).ok() };
                     return Err(err.into());
                 }
                 self.mapped.update(ptr, end, |m| m.access = access);
@@ -662,11 +619,11 @@ impl VmState {
             .collect();
         for (i, &(s, e, _)) in runs.iter().enumerate() {
             // SAFETY: [s, e) is mapped.
-            if let Err(err) = unsafe { backend.protect(s, e - s, access.protection()) } {
+            if let Err(err) = unsafe { backend.protect(s, e - s, protection(access)) } {
                 // The failing run may be partly changed too: put it back with the others.
                 for &(s, e, old) in &runs[..=i] {
                     // SAFETY: same mapped runs, put back as they were.
-                    unsafe { backend.protect(s, e - s, old.protection()).ok() };
+                    unsafe { backend.protect(s, e - s, protection(old)).ok() };
                 }
                 return Err(err.into());
             }
@@ -794,7 +751,7 @@ impl VmState {
     }
 
     /// IPC ([`crate::ipc`]): the handle types chained at the creation of physical object `id`.
-    pub(crate) fn physical_ipc_types(&self, id: u64) -> Option<crate::ipc::IpcHandleTypes> {
+    pub(crate) fn physical_ipc_types(&self, id: u64) -> Option<crate::spec::IpcHandleTypes> {
         self.physical.get(&id)?.ipc_types
     }
 
@@ -804,7 +761,7 @@ impl VmState {
         &mut self,
         context: u64,
         id: u64,
-        types: crate::ipc::IpcHandleTypes,
+        types: crate::spec::IpcHandleTypes,
     ) -> bool {
         match self.physical.get_mut(&id) {
             Some(p) if p.context == context => {

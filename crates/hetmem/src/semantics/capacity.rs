@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 
 /// Ids are process-wide, so that a handle of one driver (or runtime) is never taken for an
 /// object of another.
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+pub(crate) static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// A fresh process-wide id, never 0 and never reused (also used for contexts).
 pub(crate) fn fresh_id() -> u64 {
@@ -23,8 +23,8 @@ pub(crate) fn fresh_id() -> u64 {
 /// Per-device used / capacity counters (bytes).
 #[derive(Debug)]
 pub(crate) struct DeviceMemory {
-    capacity: Vec<u64>,
-    used: Vec<AtomicU64>,
+    pub(crate) capacity: Vec<u64>,
+    pub(crate) used: Vec<AtomicU64>,
 }
 
 impl DeviceMemory {

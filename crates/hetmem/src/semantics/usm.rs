@@ -47,132 +47,21 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::backend::{AllocLocation, Backend, RawAllocation};
-use crate::capacity::DeviceMemory;
 use crate::error::{Addr, Error, Result};
-use crate::vmm::page_size_for;
-
-/// `ze_memory_type_t`: what kind of memory a pointer points into.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[repr(u32)]
-pub enum MemoryType {
-    /// `ZE_MEMORY_TYPE_UNKNOWN` (0): not memory this driver knows.
-    #[default]
-    Unknown = 0,
-    /// `ZE_MEMORY_TYPE_HOST` (1): `zeMemAllocHost`.
-    Host = 1,
-    /// `ZE_MEMORY_TYPE_DEVICE` (2): `zeMemAllocDevice`, or device physical memory mapped in a
-    /// virtual-memory reservation.
-    Device = 2,
-    /// `ZE_MEMORY_TYPE_SHARED` (3): `zeMemAllocShared`.
-    Shared = 3,
-    /// `ZE_MEMORY_TYPE_HOST_IMPORTED` (4): imported system memory.
-    HostImported = 4,
-}
-
-/// `ze_memory_compression_hints_ext_flag_t`, one of its two flags.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CompressionHint {
-    /// `ZE_MEMORY_COMPRESSION_HINTS_EXT_FLAG_COMPRESSED` (1 << 0).
-    Compressed,
-    /// `ZE_MEMORY_COMPRESSION_HINTS_EXT_FLAG_UNCOMPRESSED` (1 << 1).
-    Uncompressed,
-}
-
-impl CompressionHint {
-    /// Decodes the descriptor's flags, which must be exactly one flag ("Must be set to one of
-    /// the ze_memory_compression_hints_ext_flag_t"). Anything else (0, both bits, other bits) is
-    /// `UnsupportedEnumeration`, the reference driver's answer (`prepareL0StructuresLookupTable`).
-    pub fn from_raw(flags: u32) -> Result<CompressionHint> {
-        match flags {
-            1 => Ok(CompressionHint::Compressed),
-            2 => Ok(CompressionHint::Uncompressed),
-            _ => Err(Error::UnsupportedEnumeration(format!(
-                "compression hint flags {flags:#x} are not exactly one of COMPRESSED (0x1) or \
-                 UNCOMPRESSED (0x2)"
-            ))),
-        }
-    }
-
-    /// The C flag value.
-    pub fn raw(self) -> u32 {
-        match self {
-            CompressionHint::Compressed => 1,
-            CompressionHint::Uncompressed => 2,
-        }
-    }
-}
-
-/// `ZE_STRUCTURE_TYPE_RELAXED_ALLOCATION_LIMITS_EXT_DESC` (0x10016), the extension form.
-pub const RELAXED_LIMITS_EXT_STYPE: u32 = 0x10016;
-/// `ZE_STRUCTURE_TYPE_RELAXED_ALLOCATION_LIMITS_EXP_DESC` (0x00020001), the experimental form
-/// (same layout: `stype`, `pNext`, `flags`).
-pub const RELAXED_LIMITS_EXP_STYPE: u32 = 0x0002_0001;
-
-/// Whether a descriptor chained on an allocation descriptor is relaxed allocation limits, in
-/// either form ([`RELAXED_LIMITS_EXT_STYPE`] or [`RELAXED_LIMITS_EXP_STYPE`]); its flags then go
-/// to [`relaxed_max_size_from_raw`].
-pub fn is_relaxed_limits_stype(stype: u32) -> bool {
-    stype == RELAXED_LIMITS_EXT_STYPE || stype == RELAXED_LIMITS_EXP_STYPE
-}
-
-/// Decodes `ze_relaxed_allocation_limits_ext_flags_t` (and the experimental form): returns
-/// whether MAX_SIZE (1 << 0) is set. Bits over 0x1 are `InvalidEnumeration`; a chained
-/// descriptor without MAX_SIZE is `InvalidArgument` (reference driver, `allocHostMem`).
-///
-/// **flags = 0** is `InvalidArgument`, not "no relaxation": the spec's field text ("must be 0
-/// (default) or a valid combination") is the generic wording of every flags field, but the
-/// reference driver (intel/compute-runtime: `ContextImp::allocHostMem`,
-/// `ContextImp::allocSharedMem`, and `prepareL0StructuresLookupTable` for device allocations)
-/// answers a chained relaxed-limits descriptor without `MAX_SIZE` with
-/// `ZE_RESULT_ERROR_INVALID_ARGUMENT`. To ask for no relaxation, chain no descriptor.
-pub fn relaxed_max_size_from_raw(flags: u32) -> Result<bool> {
-    match flags {
-        1 => Ok(true),
-        0 => Err(Error::InvalidArgument(
-            "relaxed allocation limits flags 0x0 lack MAX_SIZE (0x1); chain no descriptor for \
-             no relaxation"
-                .into(),
-        )),
-        _ => Err(Error::InvalidEnumeration(format!(
-            "relaxed allocation limits flags {flags:#x} exceed 0x1"
-        ))),
-    }
-}
-
-/// Decodes a raw relaxed-allocation-limits descriptor chained on an allocation descriptor
-/// (`ze_relaxed_allocation_limits_ext_desc_t` or its experimental form
-/// `ze_relaxed_allocation_limits_exp_desc_t`; same layout: `stype`, `pNext`, `flags`) from its
-/// `stype` and `flags` fields, for the C ABI; the result goes to
-/// [`AllocDesc::relaxed_max_size`].
-///
-/// - `stype` must be [`RELAXED_LIMITS_EXT_STYPE`] (0x10016) or [`RELAXED_LIMITS_EXP_STYPE`]
-///   (0x00020001) ([`is_relaxed_limits_stype`]); any other is `UnsupportedEnumeration`, the
-///   reference driver's answer for a chained descriptor it does not know
-///   (`prepareL0StructuresLookupTable`);
-/// - then the flags as [`relaxed_max_size_from_raw`]: `1` (MAX_SIZE) -> `Ok(true)`; `0` ->
-///   `InvalidArgument` (see there: the reference driver's answer, not "no relaxation"); bits
-///   over 0x1 -> `InvalidEnumeration`.
-///
-/// ```
-/// use hetmem::usm::relaxed_limits_from_desc;
-/// assert_eq!(relaxed_limits_from_desc(0x10016, 1), Ok(true));
-/// assert_eq!(relaxed_limits_from_desc(0x0002_0001, 1), Ok(true));
-/// assert!(relaxed_limits_from_desc(0x10016, 0).is_err());
-/// ```
-pub fn relaxed_limits_from_desc(stype: u32, flags: u32) -> Result<bool> {
-    if !is_relaxed_limits_stype(stype) {
-        return Err(Error::UnsupportedEnumeration(format!(
-            "descriptor stype {stype:#x} is neither \
-             ZE_STRUCTURE_TYPE_RELAXED_ALLOCATION_LIMITS_EXT_DESC ({RELAXED_LIMITS_EXT_STYPE:#x}) \
-             nor its experimental form ({RELAXED_LIMITS_EXP_STYPE:#x})"
-        )));
-    }
-    relaxed_max_size_from_raw(flags)
-}
+use crate::semantics::capacity::DeviceMemory;
+use crate::semantics::vmm::page_size_for;
+use crate::spec::IpcHandleTypes;
+pub use crate::spec::{
+    is_relaxed_limits_stype, relaxed_limits_from_desc, relaxed_max_size_from_raw, CompressionHint,
+    MemoryType, RELAXED_LIMITS_EXP_STYPE, RELAXED_LIMITS_EXT_STYPE,
+};
 
 /// A USM allocation request: the fields of `ze_device_mem_alloc_desc_t` /
-/// `ze_host_mem_alloc_desc_t` and the chained extension descriptors that matter here. One type
-/// serves host, device and shared allocations.
+/// `ze_host_mem_alloc_desc_t` and every chained extension descriptor of the seed pages
+/// (relaxed allocation limits, compression hints, IPC handle types, system-memory import). One
+/// value serves host, device and shared allocations alike ([`crate::Context::alloc_host`],
+/// [`crate::Context::alloc_device`], [`crate::Context::alloc_shared`]); which options apply
+/// where is checked once, by [`check_chain`].
 ///
 /// ```
 /// # use hetmem::{AllocDesc, CompressionHint};
@@ -190,6 +79,16 @@ pub struct AllocDesc {
     pub relaxed_max_size: bool,
     /// `ze_memory_compression_hints_ext_desc_t` chained: recorded and reported.
     pub compression: Option<CompressionHint>,
+    /// `ze_ipc_mem_handle_type_ext_desc_t` chained: the IPC handle types the memory must
+    /// support (recorded on the allocation; a get asking for another type is refused).
+    pub ipc_types: Option<IpcHandleTypes>,
+    /// `ze_external_memmap_sysmem_ext_desc_t` chained (`zeMemAllocHost` only): the address of
+    /// the system memory to import instead of allocating (`size` bytes of it; both multiples
+    /// of the host page). The allocation's address is this address.
+    pub system_memory: Option<usize>,
+    /// `ZE_HOST_MEM_ALLOC_FLAG_MEM_READ_ONLY` with [`AllocDesc::system_memory`]: the imported
+    /// memory may be read-only, and devices get read-only access to it.
+    pub read_only: bool,
 }
 
 impl AllocDesc {
@@ -215,6 +114,42 @@ impl AllocDesc {
         self.compression = Some(hint);
         self
     }
+    /// Chains IPC handle types the memory must support.
+    pub fn ipc_types(mut self, types: IpcHandleTypes) -> AllocDesc {
+        self.ipc_types = Some(types);
+        self
+    }
+    /// Chains a system-memory import of `[ptr, ptr + size)`, read-only for devices if
+    /// `read_only` (host allocations only).
+    pub fn system_memory(mut self, ptr: usize, read_only: bool) -> AllocDesc {
+        self.system_memory = Some(ptr);
+        self.read_only = read_only;
+        self
+    }
+}
+
+/// Checks that every option chained on `desc` applies to an allocation at `location`: a
+/// system-memory import (`ze_external_memmap_sysmem_ext_desc_t`) goes on `zeMemAllocHost`
+/// only (the extension: "may be passed to zeMemAllocHost, via the pNext member of
+/// ze_host_mem_alloc_desc_t").
+///
+/// Errors: `InvalidArgument` naming the descriptor and the call it was chained to.
+pub fn check_chain(location: AllocLocation, desc: &AllocDesc) -> Result<()> {
+    if let (Some(ptr), AllocLocation::Device(_) | AllocLocation::Shared(_)) =
+        (desc.system_memory, location)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "a system-memory import of {} is chained to a {} allocation; it applies to \
+             zeMemAllocHost only",
+            Addr(ptr),
+            if matches!(location, AllocLocation::Device(_)) {
+                "device"
+            } else {
+                "shared"
+            }
+        )));
+    }
+    Ok(())
 }
 
 /// `ze_memory_allocation_properties_t` (and the device of `zeMemGetAllocProperties`).
@@ -249,30 +184,30 @@ pub struct UsmStats {
 }
 
 #[derive(Debug)]
-struct AllocRec {
+pub(crate) struct AllocRec {
     /// Size as asked (the address range's size).
-    size: usize,
+    pub(crate) size: usize,
     /// Bytes the backend allocated (a page multiple); 0 for imports.
-    span: usize,
-    kind: MemoryType,
-    device: Option<u32>,
-    id: u64,
-    page_size: usize,
-    compression: Option<CompressionHint>,
-    read_only: bool,
-    context: u64,
+    pub(crate) span: usize,
+    pub(crate) kind: MemoryType,
+    pub(crate) device: Option<u32>,
+    pub(crate) id: u64,
+    pub(crate) page_size: usize,
+    pub(crate) compression: Option<CompressionHint>,
+    pub(crate) read_only: bool,
+    pub(crate) context: u64,
     /// Backend handle; `None` for imports.
-    raw: Option<RawAllocation>,
+    pub(crate) raw: Option<RawAllocation>,
     /// Bytes charged to `device`'s capacity.
-    charged: u64,
+    pub(crate) charged: u64,
     /// IPC handle types chained at allocation (`ze_ipc_mem_handle_type_ext_desc_t`), if any;
     /// set by [`crate::ipc`] and gone with the record.
-    ipc_types: Option<crate::ipc::IpcHandleTypes>,
+    pub(crate) ipc_types: Option<crate::spec::IpcHandleTypes>,
 }
 
 impl AllocRec {
     /// The address span the record occupies (for overlap checks).
-    fn extent(&self) -> usize {
+    pub(crate) fn extent(&self) -> usize {
         self.size.max(self.span)
     }
 }
@@ -281,9 +216,9 @@ impl AllocRec {
 /// memory (and device capacity, unless given back early) is still held.
 #[derive(Debug)]
 pub(crate) struct PendingFree {
-    ptr: usize,
-    rec: AllocRec,
-    devmem: Arc<DeviceMemory>,
+    pub(crate) ptr: usize,
+    pub(crate) rec: AllocRec,
+    pub(crate) devmem: Arc<DeviceMemory>,
 }
 
 impl PendingFree {
@@ -319,11 +254,11 @@ impl PendingFree {
 /// The bookkeeping of one driver's USM allocations and imports. Guarded by the driver's lock.
 #[derive(Debug)]
 pub(crate) struct UsmState {
-    allocs: BTreeMap<usize, AllocRec>,
-    devmem: Arc<DeviceMemory>,
-    max_alloc: Vec<u64>,
-    min_page: Vec<usize>,
-    host_page: usize,
+    pub(crate) allocs: BTreeMap<usize, AllocRec>,
+    pub(crate) devmem: Arc<DeviceMemory>,
+    pub(crate) max_alloc: Vec<u64>,
+    pub(crate) min_page: Vec<usize>,
+    pub(crate) host_page: usize,
 }
 
 impl UsmState {
@@ -338,7 +273,7 @@ impl UsmState {
         }
     }
 
-    fn device_index(&self, ordinal: u32) -> Result<usize> {
+    pub(crate) fn device_index(&self, ordinal: u32) -> Result<usize> {
         let i = ordinal as usize;
         if i >= self.max_alloc.len() {
             return Err(Error::InvalidNullHandle(format!(
@@ -573,7 +508,7 @@ impl UsmState {
     }
 
     /// The record containing `ptr` (`base <= ptr < base + size`).
-    fn find(&self, ptr: usize) -> Option<(usize, &AllocRec)> {
+    pub(crate) fn find(&self, ptr: usize) -> Option<(usize, &AllocRec)> {
         let (&b, r) = self.allocs.range(..=ptr).next_back()?;
         (ptr < b + r.size).then_some((b, r))
     }
@@ -618,7 +553,7 @@ impl UsmState {
         &mut self,
         context: u64,
         base: usize,
-        types: crate::ipc::IpcHandleTypes,
+        types: crate::spec::IpcHandleTypes,
     ) -> bool {
         match self.allocs.get_mut(&base) {
             Some(r) if r.context == context => {
@@ -630,7 +565,7 @@ impl UsmState {
     }
 
     /// IPC ([`crate::ipc`]): the handle types chained at the allocation containing `ptr`.
-    pub(crate) fn ipc_types(&self, ptr: usize) -> Option<crate::ipc::IpcHandleTypes> {
+    pub(crate) fn ipc_types(&self, ptr: usize) -> Option<crate::spec::IpcHandleTypes> {
         self.find(ptr)?.1.ipc_types
     }
 

@@ -83,7 +83,7 @@
 //!   read-write) for queues of the driver it was opened with, within its size. Put: a handle this process did not export, or already put ->
 //!   `InvalidArgument`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -92,75 +92,34 @@ use parking_lot::Mutex;
 
 pub use crate::backend::ipc::{BrokerAnswer, BrokerStats, TransportError};
 use crate::backend::ipc::{BrokerHandler, BrokerReply};
-use crate::backend::{AllocLocation, Backend, Protection, RawPhysical};
-use crate::driver::{Context, Device, Driver, DriverShared};
-use crate::error::{Addr, Error, Result};
-use crate::queue::InFlightRef;
-use crate::usm::{AllocDesc, MemoryType};
-use crate::vmm::{PhysicalMemory, PhysicalMemoryFlags};
+use crate::backend::{Backend, Protection, RawPhysical};
+use crate::error::{Error, Result};
+use crate::semantics::driver::DriverShared;
+use crate::semantics::inflight::InFlightRef;
+use crate::semantics::usm::MemoryType;
+pub use crate::spec::{
+    IpcHandleKind, IpcHandleTypes, IpcProperties, IPC_MEMORY_FLAG_BIAS_CACHED,
+    IPC_MEMORY_FLAG_BIAS_UNCACHED,
+};
 
 /// `ZE_MAX_IPC_HANDLE_SIZE`: the size in bytes of `ze_ipc_mem_handle_t` (64).
 pub const IPC_HANDLE_SIZE: usize = 64;
-const MAGIC: &[u8; 4] = b"HMIP";
-const VERSION: u8 = 2;
+pub(crate) const MAGIC: &[u8; 4] = b"HMIP";
+pub(crate) const VERSION: u8 = 2;
 /// The default of [`crate::RuntimeBuilder::ipc_max_range_pieces`]: most `(physical object,
 /// offset, length)` pieces one range handle carries (1 << 20, a 24 MiB piece list).
 pub const DEFAULT_MAX_RANGE_PIECES: usize = 1 << 20;
 
-/// `ze_ipc_memory_flags_t` bits (the `flags` of `zeMemOpenIpcHandle`):
-/// `ZE_IPC_MEMORY_FLAG_BIAS_CACHED`.
-pub const IPC_MEMORY_FLAG_BIAS_CACHED: u32 = 1 << 0;
-/// `ZE_IPC_MEMORY_FLAG_BIAS_UNCACHED`.
-pub const IPC_MEMORY_FLAG_BIAS_UNCACHED: u32 = 1 << 1;
-
-/// What a handle shares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum IpcHandleKind {
-    /// A host / device / shared allocation (`zeMemGetIpcHandle` on a USM pointer).
-    Allocation = 1,
-    /// One physical memory object (a mapped VA, or the object itself).
-    Physical = 2,
-    /// A VA range of several physical objects (`ze_ipc_phys_mem_handle_range_ext_desc_t`).
-    Range = 3,
-}
-
-/// `ze_ipc_mem_handle_type_flags_t`, the `typeFlags` of `ze_ipc_mem_handle_type_ext_desc_t`
-/// (memory extensions, `ZE_extension_ipc_mem_handle_type`): which handle types memory must
-/// support, or which type a get asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct IpcHandleTypes(u32);
-
-impl IpcHandleTypes {
-    /// `ZE_IPC_MEM_HANDLE_TYPE_FLAG_DEFAULT` (1 << 0): an fd-backed handle for this node.
-    pub const DEFAULT: IpcHandleTypes = IpcHandleTypes(1);
-    /// `ZE_IPC_MEM_HANDLE_TYPE_FLAG_FABRIC_ACCESSIBLE` (1 << 1): shareable over a fabric.
-    pub const FABRIC_ACCESSIBLE: IpcHandleTypes = IpcHandleTypes(2);
-
-    /// Decodes the C flags (`typeFlags`): bits over 0x3 are `InvalidEnumeration` naming the
-    /// value; 0 is taken as DEFAULT (the spec is silent; zero-initialised descriptors are
-    /// common).
-    pub fn from_raw(v: u32) -> Result<IpcHandleTypes> {
-        match v {
-            0 => Ok(IpcHandleTypes::DEFAULT),
-            1..=3 => Ok(IpcHandleTypes(v)),
-            _ => Err(Error::InvalidEnumeration(format!(
-                "IPC handle type flags {v:#x} exceed DEFAULT | FABRIC_ACCESSIBLE (0x3)"
-            ))),
-        }
-    }
-    /// The C flags.
-    pub fn raw(self) -> u32 {
-        self.0
-    }
-    /// Whether every type of `other` is in `self`.
-    pub fn contains(self, other: IpcHandleTypes) -> bool {
-        self.0 & other.0 == other.0
-    }
-}
-
 /// The types every backend of this build supports: DEFAULT only (no fabric).
-const SUPPORTED_TYPES: IpcHandleTypes = IpcHandleTypes::DEFAULT;
+pub(crate) const SUPPORTED_TYPES: IpcHandleTypes = IpcHandleTypes::DEFAULT;
+
+/// Checks handle types chained at the creation of memory (an allocation or a physical object)
+/// against what this build's backends support.
+///
+/// Errors: `UnsupportedFeature` for FABRIC_ACCESSIBLE, naming the flags.
+pub fn check_new_handle_types(asked: IpcHandleTypes) -> Result<()> {
+    check_handle_types(asked, SUPPORTED_TYPES, None)
+}
 
 /// Checks handle types asked at creation (allocation, physical memory) or at get against what
 /// the backend supports (`supported`) and, at get, what the memory was created with
@@ -178,7 +137,8 @@ pub fn check_handle_types(
         return Err(Error::UnsupportedFeature(format!(
             "IPC handle type flags {:#x}: FABRIC_ACCESSIBLE handles are not supported by this \
              backend (supported: {:#x}, DEFAULT)",
-            asked.0, supported.0
+            asked.raw(),
+            supported.raw()
         )));
     }
     if let Some(c) = created {
@@ -186,21 +146,12 @@ pub fn check_handle_types(
             return Err(Error::UnsupportedFeature(format!(
                 "IPC handle type flags {:#x} were not requested when the memory was created \
                  (it was created with {:#x})",
-                asked.0, c.0
+                asked.raw(),
+                c.raw()
             )));
         }
     }
     Ok(())
-}
-
-/// The chained descriptors of `zeMemGetIpcHandleWithProperties`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct IpcProperties {
-    /// `ze_ipc_mem_handle_type_ext_desc_t` chained: the handle type asked.
-    pub handle_types: Option<IpcHandleTypes>,
-    /// `ze_ipc_phys_mem_handle_range_ext_desc_t` chained: the size in bytes of the range
-    /// starting at `ptr`.
-    pub range_size: Option<usize>,
 }
 
 /// `ze_ipc_mem_handle_t`: 64 bytes, passed by value, self-describing (see the module docs).
@@ -269,23 +220,23 @@ impl IpcHandle {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Decoded {
-    kind: IpcHandleKind,
-    mem: MemoryType,
-    pid: u32,
-    nonce: u32,
-    id: u32,
-    token: [u8; 16],
-    size: u64,
+pub(crate) struct Decoded {
+    pub(crate) kind: IpcHandleKind,
+    pub(crate) mem: MemoryType,
+    pub(crate) pid: u32,
+    pub(crate) nonce: u32,
+    pub(crate) id: u32,
+    pub(crate) token: [u8; 16],
+    pub(crate) size: u64,
     /// Allocation / physical object: the memfd's `st_ino` (0 for a range).
-    ino: u64,
+    pub(crate) ino: u64,
     /// Allocation / physical object: the memfd's `st_dev` (0 for a range).
-    dev: u32,
+    pub(crate) dev: u32,
     /// Pieces (1 unless a range).
-    pieces: u32,
+    pub(crate) pieces: u32,
 }
 
-fn fnv1a(b: &[u8]) -> u32 {
+pub(crate) fn fnv1a(b: &[u8]) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
     for &x in b {
         h ^= x as u32;
@@ -294,7 +245,7 @@ fn fnv1a(b: &[u8]) -> u32 {
     h
 }
 
-fn encode(fd: i32, h: &Decoded) -> IpcHandle {
+pub(crate) fn encode(fd: i32, h: &Decoded) -> IpcHandle {
     let mut d = [0u8; IPC_HANDLE_SIZE];
     d[..4].copy_from_slice(&fd.to_le_bytes());
     d[4..8].copy_from_slice(MAGIC);
@@ -317,7 +268,7 @@ fn encode(fd: i32, h: &Decoded) -> IpcHandle {
     IpcHandle { data: d }
 }
 
-fn decode(h: &IpcHandle) -> Result<Decoded> {
+pub(crate) fn decode(h: &IpcHandle) -> Result<Decoded> {
     let d = &h.data;
     let bad = |why: &str| {
         Err(Error::InvalidArgument(format!(
@@ -364,57 +315,57 @@ fn decode(h: &IpcHandle) -> Result<Decoded> {
 
 /// One piece of a view: `len` bytes of object `obj` (an index into the fds) from `offset`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Piece {
-    obj: u32,
-    offset: u64,
-    len: u64,
+pub(crate) struct Piece {
+    pub(crate) obj: u32,
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
 }
 
 #[derive(Debug)]
-struct ExportRec {
-    token: [u8; 16],
-    kind: IpcHandleKind,
-    context: u64,
+pub(crate) struct ExportRec {
+    pub(crate) token: [u8; 16],
+    pub(crate) kind: IpcHandleKind,
+    pub(crate) context: u64,
     /// The exporting driver (`Arc::as_ptr` of its shared state; its contexts keep it alive
     /// while the export lives).
-    driver: usize,
-    size: u64,
-    fds: Arc<[OwnedFd]>,
-    pieces: Arc<[Piece]>,
+    pub(crate) driver: usize,
+    pub(crate) size: u64,
+    pub(crate) fds: Arc<[OwnedFd]>,
+    pub(crate) pieces: Arc<[Piece]>,
 }
 
 #[derive(Debug, Clone, Copy)]
-struct ImportRec {
-    size: usize,
-    context: u64,
+pub(crate) struct ImportRec {
+    pub(crate) size: usize,
+    pub(crate) context: u64,
     /// The opening driver (`Arc::as_ptr` of its shared state; unique while the view lives,
     /// since the context, which keeps the driver alive, closes its views at teardown).
-    driver: usize,
-    mem: MemoryType,
-    id: u64,
-    page_size: usize,
+    pub(crate) driver: usize,
+    pub(crate) mem: MemoryType,
+    pub(crate) id: u64,
+    pub(crate) page_size: usize,
 }
 
 /// Exports of this process (export id -> record); read by the broker thread.
-static EXPORTS: Mutex<BTreeMap<u32, ExportRec>> = Mutex::new(BTreeMap::new());
+pub(crate) static EXPORTS: Mutex<BTreeMap<u32, ExportRec>> = Mutex::new(BTreeMap::new());
 /// The next export id to try (ids are `u32`, non-zero, wrapping; see the module docs).
-static NEXT_EXPORT: AtomicU32 = AtomicU32::new(1);
+pub(crate) static NEXT_EXPORT: AtomicU32 = AtomicU32::new(1);
 /// Views opened in this process (base -> record).
-static IMPORTS: Mutex<BTreeMap<usize, ImportRec>> = Mutex::new(BTreeMap::new());
+pub(crate) static IMPORTS: Mutex<BTreeMap<usize, ImportRec>> = Mutex::new(BTreeMap::new());
 
-fn own_pid() -> u32 {
+pub(crate) fn own_pid() -> u32 {
     std::process::id()
 }
 
 /// Longest refusal message an importer accepts from a broker, in bytes.
-const REFUSAL_MAX: usize = 4096;
+pub(crate) const REFUSAL_MAX: usize = 4096;
 
 /// Broker status codes (the semantics of a refusal).
-const ST_OK: u32 = 0;
-const ST_UNKNOWN: u32 = 1;
-const ST_TOKEN: u32 = 2;
+pub(crate) const ST_OK: u32 = 0;
+pub(crate) const ST_UNKNOWN: u32 = 1;
+pub(crate) const ST_TOKEN: u32 = 2;
 
-fn serialize(size: u64, pieces: &[Piece]) -> Vec<u8> {
+pub(crate) fn serialize(size: u64, pieces: &[Piece]) -> Vec<u8> {
     let mut v = Vec::with_capacity(16 + pieces.len() * 24);
     v.extend_from_slice(&size.to_le_bytes());
     v.extend_from_slice(&(pieces.len() as u64).to_le_bytes());
@@ -426,7 +377,7 @@ fn serialize(size: u64, pieces: &[Piece]) -> Vec<u8> {
     v
 }
 
-fn deserialize(b: &[u8]) -> Option<(u64, Vec<Piece>)> {
+pub(crate) fn deserialize(b: &[u8]) -> Option<(u64, Vec<Piece>)> {
     let u =
         |i: usize| -> Option<u64> { Some(u64::from_le_bytes(b.get(i..i + 8)?.try_into().ok()?)) };
     let size = u(0)?;
@@ -447,7 +398,7 @@ fn deserialize(b: &[u8]) -> Option<(u64, Vec<Piece>)> {
 }
 
 /// The broker's handler: checks the export id and token, answers with dups of the fds.
-fn serve_request(req: &[u8; 64], _peer_pid: u32) -> BrokerReply {
+pub(crate) fn serve_request(req: &[u8; 64], _peer_pid: u32) -> BrokerReply {
     let refuse = |status: u32, msg: String| BrokerReply {
         status,
         payload: msg.into_bytes(),
@@ -483,12 +434,12 @@ fn serve_request(req: &[u8; 64], _peer_pid: u32) -> BrokerReply {
 }
 
 /// Constant-time comparison of tokens.
-fn token_eq(a: &[u8; 16], b: &[u8; 16]) -> bool {
+pub(crate) fn token_eq(a: &[u8; 16], b: &[u8; 16]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Starts (or finds) this process's broker; returns its nonce. A failure is not remembered.
-fn start_broker(backend: &dyn Backend) -> Result<u32> {
+pub(crate) fn start_broker(backend: &dyn Backend) -> Result<u32> {
     let handler = || -> BrokerHandler { Arc::new(serve_request) };
     backend.start_broker(&handler).map_err(|e| {
         Error::Unknown(format!(
@@ -513,7 +464,7 @@ pub(crate) fn check_received_fd(
 }
 
 /// A fresh export id: non-zero, not live (wraps after 2^32 - 1).
-fn fresh_export_id(live: &BTreeMap<u32, ExportRec>) -> u32 {
+pub(crate) fn fresh_export_id(live: &BTreeMap<u32, ExportRec>) -> u32 {
     loop {
         let id = NEXT_EXPORT.fetch_add(1, Ordering::Relaxed);
         if id != 0 && !live.contains_key(&id) {
@@ -525,7 +476,7 @@ fn fresh_export_id(live: &BTreeMap<u32, ExportRec>) -> u32 {
 /// Registers an export of `context` of driver `driver` (its `DriverShared` address) and makes
 /// its handle.
 #[allow(clippy::too_many_arguments)]
-fn register(
+pub(crate) fn register(
     backend: &dyn Backend,
     driver: usize,
     context: u64,
@@ -578,13 +529,13 @@ fn register(
 }
 
 /// What an open needs: the view size, the objects' fds and the pieces.
-struct Material {
-    size: usize,
-    fds: Vec<OwnedFd>,
-    pieces: Vec<Piece>,
+pub(crate) struct Material {
+    pub(crate) size: usize,
+    pub(crate) fds: Vec<OwnedFd>,
+    pub(crate) pieces: Vec<Piece>,
 }
 
-fn dup_all(backend: &dyn Backend, fds: &[OwnedFd]) -> Result<Vec<OwnedFd>> {
+pub(crate) fn dup_all(backend: &dyn Backend, fds: &[OwnedFd]) -> Result<Vec<OwnedFd>> {
     fds.iter()
         .map(|f| Ok(backend.dup_shareable(f.as_fd())?))
         .collect()
@@ -594,7 +545,7 @@ fn dup_all(backend: &dyn Backend, fds: &[OwnedFd]) -> Result<Vec<OwnedFd>> {
 /// from the exporter's broker. `max_pieces` is the opening driver's
 /// [`Driver::ipc_max_range_pieces`]: a range handle claiming more is `UnsupportedSize`, and the
 /// broker's answer is bounded by the pieces the handle claims.
-fn material(
+pub(crate) fn material(
     backend: &dyn Backend,
     h: &Decoded,
     handle: &IpcHandle,
@@ -713,7 +664,7 @@ fn material(
 
 /// The smallest unit a range handle's pieces are cut in: the finest mapping granularity of the
 /// backend's devices (the OS page on the host backend, 2 MiB on a GPU).
-fn mapping_granularity(backend: &dyn Backend) -> usize {
+pub(crate) fn mapping_granularity(backend: &dyn Backend) -> usize {
     backend
         .devices()
         .iter()
@@ -724,7 +675,7 @@ fn mapping_granularity(backend: &dyn Backend) -> usize {
 
 /// Checks that the pieces tile `size` bytes and lie inside their objects (so no mapping can
 /// reach past an object's end).
-fn validate(backend: &dyn Backend, m: &Material) -> Result<()> {
+pub(crate) fn validate(backend: &dyn Backend, m: &Material) -> Result<()> {
     let page = mapping_granularity(backend) as u64;
     let mut total: u64 = 0;
     // Seals first: once GROW | SHRINK are set, the sizes read below cannot change.
@@ -769,7 +720,7 @@ fn validate(backend: &dyn Backend, m: &Material) -> Result<()> {
 }
 
 /// Maps the material into a fresh reservation; returns its base.
-fn map_view(backend: &dyn Backend, align: usize, m: Material) -> Result<usize> {
+pub(crate) fn map_view(backend: &dyn Backend, align: usize, m: Material) -> Result<usize> {
     // SAFETY: a fresh placeholder chosen by the backend; replaces nothing.
     let base = unsafe { backend.reserve(None, m.size, align)? };
     let mut raws: Vec<RawPhysical> = Vec::with_capacity(m.fds.len());
@@ -847,7 +798,7 @@ pub(crate) fn opened_properties(ptr: usize) -> Option<crate::usm::AllocationProp
 }
 
 /// The memory type a physical object's location reports.
-fn location_type(loc: crate::backend::PhysicalLocation) -> MemoryType {
+pub(crate) fn location_type(loc: crate::backend::PhysicalLocation) -> MemoryType {
     match loc {
         crate::backend::PhysicalLocation::Device(_) => MemoryType::Device,
         crate::backend::PhysicalLocation::Host => MemoryType::Host,
@@ -858,8 +809,8 @@ fn location_type(loc: crate::backend::PhysicalLocation) -> MemoryType {
 /// Queue operand checks ([`crate::queue`]) hold it while they take their in-flight references,
 /// so no close can slip in between (lock order: usm, vm, this table, the in-flight table).
 pub(crate) struct Views<'a> {
-    table: parking_lot::MutexGuard<'a, BTreeMap<usize, ImportRec>>,
-    driver: usize,
+    pub(crate) table: parking_lot::MutexGuard<'a, BTreeMap<usize, ImportRec>>,
+    pub(crate) driver: usize,
 }
 
 impl Views<'_> {
@@ -934,548 +885,6 @@ pub struct IpcStats {
     pub typed_allocations: usize,
     /// Live physical memory objects created with a handle-type descriptor chained.
     pub typed_physical: usize,
-}
-
-impl Driver {
-    /// The state of this process's IPC broker (peers served now, worker threads alive, and
-    /// the broker's bounds), for leak checks.
-    pub fn ipc_broker_stats(&self) -> BrokerStats {
-        self.shared.backend.broker_stats()
-    }
-
-    /// The bare transport under [`Context::open_ipc_handle`]: asks process `pid`'s broker
-    /// (started with `nonce`, both read from a handle) about the 64 bytes `request`, accepting
-    /// at most `max_payload` bytes and `max_fds` shareable handles, and returns the raw answer.
-    /// No handle rule is applied (no decoding, no checks of what comes back): this is the
-    /// baseline that benchmarks measure opens against, and a probe for tests of the broker.
-    pub fn ipc_broker_request(
-        &self,
-        pid: u32,
-        nonce: u32,
-        request: &[u8; 64],
-        max_payload: usize,
-        max_fds: usize,
-    ) -> std::result::Result<BrokerAnswer, TransportError> {
-        self.shared
-            .backend
-            .broker_request(pid, nonce, request, max_payload, max_fds)
-    }
-
-    /// The name of process `pid`'s IPC broker started with `nonce` (an abstract Unix socket
-    /// name on Linux), as error messages give it.
-    pub fn ipc_broker_name(&self, pid: u32, nonce: u32) -> String {
-        self.shared.backend.broker_name(pid, nonce)
-    }
-
-    /// Counters of this driver's IPC state: live exports, open views, and memory with recorded
-    /// handle types. Not a Level Zero call. Takes the driver's locks for reading; never fails.
-    pub fn ipc_stats(&self) -> IpcStats {
-        let d = &self.shared;
-        let me = Arc::as_ptr(d) as usize;
-        // Lock order: usm before vm before the view table.
-        let typed_allocations = d.usm.read().ipc_typed();
-        let typed_physical = d.vm.read().ipc_typed();
-        let views = IMPORTS.lock().values().filter(|r| r.driver == me).count();
-        let exports = EXPORTS.lock().values().filter(|r| r.driver == me).count();
-        IpcStats {
-            exports,
-            views,
-            typed_allocations,
-            typed_physical,
-        }
-    }
-
-    /// Most `(physical object, offset, length)` pieces one range handle of this driver carries
-    /// ([`crate::RuntimeBuilder::ipc_max_range_pieces`]; default
-    /// [`DEFAULT_MAX_RANGE_PIECES`]). Not a Level Zero call.
-    pub fn ipc_max_range_pieces(&self) -> usize {
-        self.shared.ipc_max_range_pieces
-    }
-}
-
-impl Context {
-    /// `zeMemGetIpcHandle`: a handle for the allocation containing `ptr` (any byte of it; the
-    /// view is the allocation's page-rounded size in bytes), or for the whole physical object
-    /// mapped at `ptr` in a reservation.
-    ///
-    /// Errors: `InvalidNullPointer` for null; `InvalidArgument` for a pointer in no allocation
-    /// of this context and no mapped page, or in imported system memory; as
-    /// [`Context::get_ipc_handle_with_properties`] otherwise. Nothing changes on error.
-    pub fn get_ipc_handle(&self, ptr: usize) -> Result<IpcHandle> {
-        self.get_ipc_handle_with_properties(ptr, &IpcProperties::default())
-    }
-
-    /// `zeMemGetIpcHandleWithProperties`: as [`Context::get_ipc_handle`], with the chained
-    /// handle-type descriptor and / or range descriptor (`props.range_size`: the handle then
-    /// captures every physical object mapped along `[ptr, ptr+size)`, in address order; the
-    /// importer's view is `size` bytes and starts at the byte `ptr` names).
-    ///
-    /// Errors: `InvalidNullPointer` for null; `InvalidEnumeration` / `UnsupportedFeature` for
-    /// handle types (FABRIC_ACCESSIBLE is not supported on the host backend; a type not asked
-    /// at creation); `InvalidArgument` for a pointer in no allocation of this context and no
-    /// mapped page, or imported system memory. With a range: `InvalidSize` for size 0,
-    /// `UnsupportedAlignment` / `UnsupportedSize` for a pointer / size that is not a multiple
-    /// of the OS page, `InvalidArgument` if memory that is not reserved VA overlaps the range (a
-    /// USM allocation or import, a managed allocation, an opened IPC view),
-    /// `AddressNotFound` naming the first byte not mapped to a physical object (an unmapped
-    /// page of a reservation, or an address hetmem does not know), `UnsupportedSize` past
-    /// [`Driver::ipc_max_range_pieces`] pieces, `UnsupportedFeature` if a physical object in
-    /// the range was created with handle types that do not include the asked ones. Nothing
-    /// changes on error (no export, no fd, no broker traffic).
-    ///
-    /// Units: `ptr` is an address, `props.range_size` bytes; the handle's view size is the
-    /// allocation's page-rounded span, the whole physical object, or exactly the range size.
-    pub fn get_ipc_handle_with_properties(
-        &self,
-        ptr: usize,
-        props: &IpcProperties,
-    ) -> Result<IpcHandle> {
-        if ptr == 0 {
-            return Err(Error::InvalidNullPointer("IPC pointer is null".into()));
-        }
-        let asked = props.handle_types.unwrap_or(IpcHandleTypes::DEFAULT);
-        check_handle_types(asked, SUPPORTED_TYPES, None)?;
-        if let Some(size) = props.range_size {
-            return self.export_range(ptr, size, asked);
-        }
-        let drv = self.driver();
-        let d = &drv.shared;
-        let usm = d.usm.read();
-        if let Some((_, span, kind, _, ctx, raw)) = usm.ipc_source(ptr) {
-            if ctx != self.id() {
-                return Err(Error::InvalidArgument(format!(
-                    "{} is an allocation of another context",
-                    Addr(ptr)
-                )));
-            }
-            let Some(raw) = raw.filter(|_| kind != MemoryType::HostImported) else {
-                return Err(Error::InvalidArgument(format!(
-                    "{} is imported system memory, which has no shareable memory object",
-                    Addr(ptr)
-                )));
-            };
-            check_handle_types(asked, SUPPORTED_TYPES, usm.ipc_types(ptr))?;
-            let fd = d.backend.export_allocation(raw)?;
-            drop(usm);
-            return register(
-                d.backend.as_ref(),
-                Arc::as_ptr(d) as usize,
-                self.id(),
-                IpcHandleKind::Allocation,
-                kind,
-                span,
-                vec![fd],
-                vec![Piece {
-                    obj: 0,
-                    offset: 0,
-                    len: span as u64,
-                }],
-            );
-        }
-        drop(usm);
-        let phys = d.vm.read().pointer_info(ptr).and_then(|v| v.mapped);
-        match phys {
-            Some((id, _, _)) => self.export_physical(id, asked),
-            None => Err(Error::InvalidArgument(format!(
-                "{} is in no allocation of this context and no mapped page of a reservation",
-                Addr(ptr)
-            ))),
-        }
-    }
-
-    /// A handle for the whole physical memory object `phys` (`phys.size` bytes; the importer's
-    /// view is the whole object, whether or not it is mapped anywhere).
-    ///
-    /// Spec: Level Zero 1.18 has no IPC call that takes a `ze_physical_mem_handle_t` (the
-    /// handle is used by `zePhysicalMemGetProperties`, `zePhysicalMemDestroy` and
-    /// `zeVirtualMemMap` only); this is issue 4's "IPC handle for a physical memory object",
-    /// with the rules of `zeMemGetIpcHandleWithProperties` on a pointer into a mapping of the
-    /// object (which exports the same thing) and the handle-type descriptor
-    /// `ze_ipc_mem_handle_type_ext_desc_t` (memory extensions; chained at `zePhysicalMemCreate`,
-    /// see [`Context::create_physical_memory_with_ipc_types`]). The spec's nearest route is
-    /// `zePhysicalMemGetProperties` with `ze_external_memory_export_fd_t` plus
-    /// `zeMemGetIpcHandleFromFileDescriptorExp`.
-    ///
-    /// Errors: `InvalidArgument` for an object that is not live in this context;
-    /// `InvalidEnumeration` / `UnsupportedFeature` for handle types as
-    /// [`Context::get_ipc_handle_with_properties`] (FABRIC_ACCESSIBLE; a type not chained at
-    /// creation). Nothing changes on error.
-    pub fn get_physical_memory_ipc_handle(
-        &self,
-        phys: PhysicalMemory,
-        handle_types: Option<IpcHandleTypes>,
-    ) -> Result<IpcHandle> {
-        let asked = handle_types.unwrap_or(IpcHandleTypes::DEFAULT);
-        check_handle_types(asked, SUPPORTED_TYPES, None)?;
-        self.export_physical(phys.id, asked)
-    }
-
-    fn export_physical(&self, id: u64, asked: IpcHandleTypes) -> Result<IpcHandle> {
-        let drv = self.driver();
-        let d = &drv.shared;
-        let vm = d.vm.read();
-        let (raw, size, loc) = match vm.physical_raw(id) {
-            Some((raw, size, ctx, loc)) if ctx == self.id() => (raw, size, loc),
-            _ => {
-                return Err(Error::InvalidArgument(format!(
-                    "physical memory {id} is not a live object of this context"
-                )))
-            }
-        };
-        check_handle_types(asked, SUPPORTED_TYPES, vm.physical_ipc_types(id))?;
-        let fd = d.backend.export_physical(raw)?;
-        drop(vm);
-        register(
-            d.backend.as_ref(),
-            Arc::as_ptr(d) as usize,
-            self.id(),
-            IpcHandleKind::Physical,
-            location_type(loc),
-            size,
-            vec![fd],
-            vec![Piece {
-                obj: 0,
-                offset: 0,
-                len: size as u64,
-            }],
-        )
-    }
-
-    /// The range export of [`Context::get_ipc_handle_with_properties`]; `asked` has passed the
-    /// backend check and is checked against every object's types here.
-    fn export_range(&self, ptr: usize, size: usize, asked: IpcHandleTypes) -> Result<IpcHandle> {
-        if size == 0 {
-            return Err(Error::InvalidSize("IPC range size is 0".into()));
-        }
-        let page = mapping_granularity(self.driver_shared().backend.as_ref());
-        if !ptr.is_multiple_of(page) {
-            return Err(Error::UnsupportedAlignment(format!(
-                "IPC range start {} is not a multiple of the {page:#x}-byte page",
-                Addr(ptr)
-            )));
-        }
-        if !size.is_multiple_of(page) {
-            return Err(Error::UnsupportedSize(format!(
-                "IPC range size {size:#x} is not a multiple of the {page:#x}-byte page"
-            )));
-        }
-        let end = ptr.checked_add(size).ok_or_else(|| {
-            Error::InvalidArgument(format!("IPC range {} + {size:#x} overflows", Addr(ptr)))
-        })?;
-        let drv = self.driver();
-        let d = &drv.shared;
-        // Memory that is not reserved VA: managed (its lock is never held with usm or vm, so
-        // asked first), IPC views, USM allocations and imports -> InvalidArgument.
-        if let Some((s, e)) = d.managed.overlapping(ptr, end) {
-            return Err(Error::InvalidArgument(format!(
-                "IPC range [{}, {}) includes the managed allocation [{}, {}); range handles \
-                 cover reserved VA mapped to physical memory only",
-                Addr(ptr),
-                Addr(end),
-                Addr(s),
-                Addr(e)
-            )));
-        }
-        // Lock order: usm before vm before the view table.
-        let usm = d.usm.read();
-        if let Some((s, e)) = view_overlapping(ptr, end) {
-            return Err(Error::InvalidArgument(format!(
-                "IPC range [{}, {}) includes the opened IPC view [{}, {}); range handles cover \
-                 reserved VA mapped to physical memory only",
-                Addr(ptr),
-                Addr(end),
-                Addr(s),
-                Addr(e)
-            )));
-        }
-        if let Some((s, e)) = usm.overlapping(ptr, end) {
-            return Err(Error::InvalidArgument(format!(
-                "IPC range [{}, {}) includes the USM allocation [{}, {}); range handles cover \
-                 reserved VA mapped to physical memory only",
-                Addr(ptr),
-                Addr(end),
-                Addr(s),
-                Addr(e)
-            )));
-        }
-        let vm = d.vm.read();
-        drop(usm);
-        let runs = vm.mapped_pieces(ptr, end).map_err(|hole| {
-            Error::AddressNotFound(format!(
-                "IPC range [{}, {}) is not fully mapped: {} is not mapped to physical memory",
-                Addr(ptr),
-                Addr(end),
-                Addr(hole)
-            ))
-        })?;
-        let limit = d.ipc_max_range_pieces;
-        if runs.len() > limit {
-            return Err(Error::UnsupportedSize(format!(
-                "IPC range [{}, {}) has {} mapped pieces; a range handle carries at most {limit}",
-                Addr(ptr),
-                Addr(end),
-                runs.len()
-            )));
-        }
-        let mut index: HashMap<u64, u32> = HashMap::new();
-        let mut mem = MemoryType::Device;
-        let mut fds = Vec::new();
-        let mut pieces = Vec::with_capacity(runs.len());
-        for (phys, offset, len) in runs {
-            let obj = match index.get(&phys) {
-                Some(&i) => i,
-                None => {
-                    let raw = match vm.physical_raw(phys) {
-                        Some((raw, _, ctx, loc)) if ctx == self.id() => {
-                            if fds.is_empty() {
-                                mem = location_type(loc);
-                            }
-                            raw
-                        }
-                        _ => {
-                            return Err(Error::InvalidArgument(format!(
-                                "IPC range [{}, {}) maps physical memory {phys} of another \
-                                 context",
-                                Addr(ptr),
-                                Addr(end)
-                            )))
-                        }
-                    };
-                    check_handle_types(asked, SUPPORTED_TYPES, vm.physical_ipc_types(phys))
-                        .map_err(|e| {
-                            Error::UnsupportedFeature(format!(
-                                "IPC range [{}, {}) maps physical memory {phys}: {}",
-                                Addr(ptr),
-                                Addr(end),
-                                e.message()
-                            ))
-                        })?;
-                    fds.push(d.backend.export_physical(raw)?);
-                    let i = (fds.len() - 1) as u32;
-                    index.insert(phys, i);
-                    i
-                }
-            };
-            pieces.push(Piece {
-                obj,
-                offset: offset as u64,
-                len: len as u64,
-            });
-        }
-        drop(vm);
-        register(
-            d.backend.as_ref(),
-            Arc::as_ptr(d) as usize,
-            self.id(),
-            IpcHandleKind::Range,
-            mem,
-            size,
-            fds,
-            pieces,
-        )
-    }
-
-    /// `zeMemOpenIpcHandle`: maps what `handle` shares into a fresh range of this process and
-    /// returns its start. Works in any process of the exporter's uid, the exporter included;
-    /// every call gives a new pointer. `flags` are `ze_ipc_memory_flags_t` (BIAS_CACHED,
-    /// BIAS_UNCACHED: accepted, no effect on the host backend). The view stays valid until
-    /// [`Context::close_ipc_handle`], even if the exporter frees the memory or exits.
-    ///
-    /// Units: the view is the handle's size in bytes ([`IpcHandle::size`]), aligned to the
-    /// driver's page size for that size.
-    ///
-    /// Errors: `InvalidEnumeration` for flags over 0x3; `InvalidArgument` for bytes that are
-    /// not a handle, a handle that was put or whose context is gone, a wrong token, a vanished
-    /// exporter (for a handle the fd transport cannot serve), a received fd that is not a
-    /// sealed memfd large enough; `UnsupportedSize` for a range handle claiming more pieces
-    /// than this driver's [`Driver::ipc_max_range_pieces`]; `OutOfHostMemory` if the OS
-    /// refuses. Nothing changes on error (no view, no fd kept).
-    pub fn open_ipc_handle(&self, handle: &IpcHandle, flags: u32) -> Result<usize> {
-        if flags > (IPC_MEMORY_FLAG_BIAS_CACHED | IPC_MEMORY_FLAG_BIAS_UNCACHED) {
-            return Err(Error::InvalidEnumeration(format!(
-                "IPC memory flags {flags:#x} exceed BIAS_CACHED | BIAS_UNCACHED (0x3)"
-            )));
-        }
-        let h = decode(handle)?;
-        let drv = self.driver();
-        let d = &drv.shared;
-        let m = material(d.backend.as_ref(), &h, handle, d.ipc_max_range_pieces)?;
-        validate(d.backend.as_ref(), &m)?;
-        let align = d.vm.read().page_size(m.size);
-        let size = m.size;
-        let base = map_view(d.backend.as_ref(), align, m)?;
-        IMPORTS.lock().insert(
-            base,
-            ImportRec {
-                size,
-                context: self.id(),
-                driver: Arc::as_ptr(d) as usize,
-                mem: h.mem,
-                id: crate::capacity::fresh_id(),
-                page_size: align,
-            },
-        );
-        Ok(base)
-    }
-
-    /// `zeMemCloseIpcHandle`: unmaps the view that [`Context::open_ipc_handle`] returned at
-    /// `ptr`. No fd stays open for a view, so nothing else is released. Blocks until no queued
-    /// or running copy or fill references the view (waiting with no lock held).
-    ///
-    /// Errors: `InvalidNullPointer` for null; `InvalidArgument` for a pointer that is not the
-    /// start of an open view of this context (interior pointers, closed views, other
-    /// contexts' views, any other memory). Nothing changes on error.
-    pub fn close_ipc_handle(&self, ptr: usize) -> Result<()> {
-        if ptr == 0 {
-            return Err(Error::InvalidNullPointer("pointer to close is null".into()));
-        }
-        let drv = self.driver();
-        let inflight = &drv.shared.inflight;
-        let mut im = loop {
-            let im = IMPORTS.lock();
-            match im.get(&ptr) {
-                Some(r) if r.context == self.id() => {}
-                _ => {
-                    return Err(Error::InvalidArgument(format!(
-                        "{} is not a pointer returned by open_ipc_handle in this context",
-                        Addr(ptr)
-                    )))
-                }
-            }
-            if !inflight.is_referenced_ref(InFlightRef::View(ptr)) {
-                break im;
-            }
-            drop(im);
-            inflight.wait_unreferenced_ref(InFlightRef::View(ptr));
-        };
-        let rec = *im.get(&ptr).expect("checked under this lock");
-        // SAFETY: the whole view we mapped at open.
-        unsafe {
-            drv.shared
-                .backend
-                .release_mapped(ptr, rec.size, &[(ptr, ptr + rec.size)])?
-        };
-        im.remove(&ptr);
-        Ok(())
-    }
-
-    /// `zeMemPutIpcHandle`: releases what the export of `handle` holds (its fds; the memory
-    /// goes once nothing else holds it). Views already opened stay valid; later opens fail.
-    ///
-    /// Errors: `InvalidArgument` for bytes that are not a handle (forged, corrupted), a handle
-    /// exported by another process or context, one already put, or one whose context is gone.
-    /// Nothing changes on error.
-    pub fn put_ipc_handle(&self, handle: &IpcHandle) -> Result<()> {
-        let h = decode(handle)?;
-        if h.pid != own_pid() {
-            return Err(Error::InvalidArgument(format!(
-                "handle was exported by process {}, not this one ({})",
-                h.pid,
-                own_pid()
-            )));
-        }
-        let mut ex = EXPORTS.lock();
-        match ex.get(&h.id) {
-            Some(r) if r.context == self.id() && token_eq(&r.token, &h.token) => {}
-            Some(_) => {
-                return Err(Error::InvalidArgument(format!(
-                    "export {} belongs to another context or the token is wrong",
-                    h.id
-                )))
-            }
-            None => {
-                return Err(Error::InvalidArgument(format!(
-                    "export {} was already put or never existed",
-                    h.id
-                )))
-            }
-        }
-        let rec = ex.remove(&h.id).expect("checked");
-        drop(ex);
-        drop(rec);
-        Ok(())
-    }
-
-    /// `zeMemAllocDevice` with `ze_ipc_mem_handle_type_ext_desc_t` chained: as
-    /// [`Context::alloc_device`], recording the handle types the memory must support.
-    ///
-    /// The types are kept on the allocation's record (under the same lock as the allocation,
-    /// so no get can see it without them) and go with it ([`IpcStats::typed_allocations`]).
-    /// Units, alignment: as [`Context::alloc_device`].
-    ///
-    /// Errors: as [`Context::alloc_device`]; `UnsupportedFeature` for FABRIC_ACCESSIBLE (not
-    /// supported on the host backend), before anything is allocated (decode C flags with
-    /// [`IpcHandleTypes::from_raw`]: `InvalidEnumeration` over 0x3).
-    pub fn alloc_device_with_ipc_types(
-        &self,
-        device: &Device,
-        desc: &AllocDesc,
-        types: IpcHandleTypes,
-    ) -> Result<usize> {
-        check_handle_types(types, SUPPORTED_TYPES, None)?;
-        self.check_device(device)?;
-        self.alloc_typed(AllocLocation::Device(device.ordinal()), desc, types)
-    }
-
-    /// `zeMemAllocHost` with `ze_ipc_mem_handle_type_ext_desc_t` chained: as
-    /// [`Context::alloc_host`] (units, alignment), recording the handle types on the
-    /// allocation's record as [`Context::alloc_device_with_ipc_types`] does.
-    ///
-    /// Errors: as [`Context::alloc_host`]; `UnsupportedFeature` for FABRIC_ACCESSIBLE, before
-    /// anything is allocated.
-    pub fn alloc_host_with_ipc_types(
-        &self,
-        desc: &AllocDesc,
-        types: IpcHandleTypes,
-    ) -> Result<usize> {
-        check_handle_types(types, SUPPORTED_TYPES, None)?;
-        self.alloc_typed(AllocLocation::Host, desc, types)
-    }
-
-    /// Allocates and records the handle types under one hold of the USM lock.
-    fn alloc_typed(
-        &self,
-        location: AllocLocation,
-        desc: &AllocDesc,
-        types: IpcHandleTypes,
-    ) -> Result<usize> {
-        let d = self.driver_shared();
-        let mut usm = d.usm.write();
-        let p = usm.alloc(d.backend.as_ref(), self.id(), location, desc)?;
-        usm.set_ipc_types(self.id(), p, types);
-        Ok(p)
-    }
-
-    /// `zePhysicalMemCreate` with `ze_ipc_mem_handle_type_ext_desc_t` chained: as
-    /// [`Context::create_physical_memory`], recording the handle types on the object's record
-    /// (under the same lock; they go with the object, [`IpcStats::typed_physical`]). Units:
-    /// `size` in bytes, as [`Context::create_physical_memory`].
-    ///
-    /// Errors: as [`Context::create_physical_memory`]; `UnsupportedFeature` for
-    /// FABRIC_ACCESSIBLE, before anything is created.
-    pub fn create_physical_memory_with_ipc_types(
-        &self,
-        device: Option<&Device>,
-        flags: PhysicalMemoryFlags,
-        size: usize,
-        types: IpcHandleTypes,
-    ) -> Result<PhysicalMemory> {
-        check_handle_types(types, SUPPORTED_TYPES, None)?;
-        if let Some(dev) = device {
-            self.check_device(dev)?;
-        }
-        let d = self.driver_shared();
-        let mut vm = d.vm.write();
-        let p = vm.create_physical(
-            d.backend.as_ref(),
-            self.id(),
-            device.map(|x| x.ordinal()),
-            flags,
-            size,
-        )?;
-        vm.set_physical_ipc_types(self.id(), p.id, types);
-        Ok(p)
-    }
 }
 
 #[cfg(test)]

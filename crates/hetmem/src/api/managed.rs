@@ -1,0 +1,871 @@
+//! The public module of this family: its types (from the semantics module of the same name,
+//! where the rules live) and the calls, as methods of [`crate::Context`] and [`crate::Driver`].
+
+use parking_lot::{Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+pub use crate::api::platform::{current_numa_node, numa_nodes};
+use crate::api::queue::CommandQueue;
+use crate::api::runtime::{Context, Device, Driver};
+use crate::error::{Addr, Error, Result};
+pub use crate::semantics::managed::*;
+
+/// An in-order stream on one device (`aclrtStream`), on the device queue machinery
+/// ([`CommandQueue`]): prefetches, copies, fills and launched work run in submission order, on
+/// the device's engine. Dropping it (`aclrtDestroyStream`) waits for its work.
+#[derive(Debug)]
+pub struct Stream {
+    queue: CommandQueue,
+    core: Arc<Core>,
+    error: Arc<Mutex<Option<Error>>>,
+}
+
+/// One buffer of [`Stream::launch`]ed work: the device address of `[ptr, ptr+len)`.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceBuffer {
+    /// Where the device reaches the buffer (valid only during the work).
+    pub ptr: *mut u8,
+    /// Bytes.
+    pub len: usize,
+}
+
+impl Stream {
+    /// The device the stream runs on.
+    pub fn device(&self) -> &Device {
+        self.queue.device()
+    }
+
+    fn dev(&self) -> u32 {
+        self.queue.device().ordinal()
+    }
+
+    fn enqueue(&self, f: impl FnOnce(&Core) -> Result<()> + Send + 'static) {
+        let core = self.core.clone();
+        let err = self.error.clone();
+        self.queue.submit_host(Box::new(move || {
+            if let Err(e) = f(&core) {
+                err.lock().get_or_insert(e);
+            }
+        }));
+    }
+
+    /// Waits for everything submitted before (`aclrtSynchronizeStream`).
+    ///
+    /// Errors: the first error of the work since the last synchronize (e.g. `OutOfDeviceMemory`
+    /// when a device full of non-managed memory could not take a page, or `AddressNotFound` for
+    /// memory freed before its work ran); the stream stays usable.
+    pub fn synchronize(&self) -> Result<()> {
+        self.queue.synchronize(u64::MAX)?;
+        match self.error.lock().take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Stream-ordered `aclrtMemcpyAsync` of `count` bytes (overlap behaves as `memmove`),
+    /// executed by the stream's device. Each side is either managed memory (the range inside
+    /// one managed allocation; its pages migrate to the stream's device first, as any device
+    /// access) or memory the driver knows, used in place: a USM allocation or import, an
+    /// opened IPC view, or mapped virtual memory with the access the copy needs (the rules of
+    /// [`crate::queue`]), held in flight until the copy has run. At least one side must be
+    /// managed (a copy between two USM ranges is a command list's job).
+    ///
+    /// Errors (nothing queued): `InvalidNullPointer` (100000); `AddressNotFound` (107000) for
+    /// a managed range running past its allocation or when neither side is managed memory;
+    /// `InvalidArgument` (107000) for a non-managed side that is not memory the driver knows
+    /// (or read-only memory as the destination).
+    pub fn memcpy_async(&self, dst: usize, src: usize, count: usize) -> Result<()> {
+        if dst == 0 || src == 0 {
+            return Err(Error::InvalidNullPointer("pointer is null".into()));
+        }
+        let (dm, sm) = {
+            let st = self.core.state.lock();
+            let dm = self.core.find(&st, dst).is_some();
+            let sm = self.core.find(&st, src).is_some();
+            if !dm && !sm {
+                return Err(Error::AddressNotFound(format!(
+                    "neither {} nor {} is inside managed memory",
+                    Addr(dst),
+                    Addr(src)
+                )));
+            }
+            if dm {
+                self.core.check_range(&st, dst, count)?;
+            }
+            if sm {
+                self.core.check_range(&st, src, count)?;
+            }
+            (dm, sm)
+        };
+        // The plain side (at most one), held in flight until the copy has run.
+        let held = match (dm, sm) {
+            (false, _) => Some(self.queue.hold_operand(dst, count, true)?),
+            (_, false) => Some(self.queue.hold_operand(src, count, false)?),
+            _ => None,
+        };
+        let d = self.dev();
+        self.enqueue(move |c| {
+            let r = c.device_copy(d, (dst, dm), (src, sm), count);
+            drop(held);
+            r
+        });
+        Ok(())
+    }
+
+    /// Stream-ordered `aclrtMemsetAsync`: `count` bytes at `ptr` (inside one managed
+    /// allocation; any alignment) set to `value`, by the stream's device (the pages migrate
+    /// there first). Run-time errors (e.g. `OutOfDeviceMemory` when the device is full of
+    /// pages in use by running work) are reported by [`Stream::synchronize`].
+    ///
+    /// Errors (nothing queued): `InvalidNullPointer` (100000); `AddressNotFound` (107000) for
+    /// a range not inside one managed allocation.
+    pub fn memset_async(&self, ptr: usize, value: u8, count: usize) -> Result<()> {
+        if ptr == 0 {
+            return Err(Error::InvalidNullPointer("pointer is null".into()));
+        }
+        self.core.check_range(&self.core.state.lock(), ptr, count)?;
+        let d = self.dev();
+        self.enqueue(move |c| {
+            let o = [DevOperand {
+                addr: ptr,
+                write: true,
+                managed: true,
+            }];
+            c.device_op(d, &o, count, false, |a, _, n| {
+                // SAFETY: the mirror segment is mapped on `d` and its page pinned there.
+                unsafe { std::ptr::write_bytes(a[0] as *mut u8, value, n) }
+            })
+        });
+        Ok(())
+    }
+
+    /// Launches device work (what `aclrtLaunchKernel` runs; hetmem's stand-in for a kernel)
+    /// that uses `buffers` (`(ptr, len, write)` in bytes, any alignment, each inside one managed
+    /// allocation): when the stream reaches it, every page of every buffer is migrated to the
+    /// stream's device (written buffers exclusively) and **pinned** there, then `work` runs on
+    /// the device's engine, with no lock held, with the device address of each buffer,
+    /// contiguous; the pins drop when it returns. The whole working set must fit in the device
+    /// next to the pages other running work has pinned there. `work` stands for a device
+    /// kernel: it must reach managed memory only through the buffers it is given.
+    ///
+    /// While `work` runs (see "Pinning" in the module docs): host faults and other managed
+    /// calls on other pages proceed; a host access to one of its pages waits until `work`
+    /// returns (the fault thread keeps serving other faults); prefetches, advice, frees and
+    /// device operations that would move its pages wait too, while other work that needs its
+    /// pages where they are (same device, no change) runs alongside. So `work` must not wait
+    /// for a host thread that touches its own buffers through the managed pointer, nor call
+    /// hetmem functions that move them (each would wait for the other).
+    ///
+    /// Errors (nothing queued): `InvalidNullPointer`; `AddressNotFound`. At run time (reported
+    /// by [`Stream::synchronize`]): `OutOfDeviceMemory` if the buffers do not fit in the device
+    /// together (`work` does not run); `Unknown` if `work` panicked (the stream stays usable).
+    pub fn launch(
+        &self,
+        buffers: &[(usize, usize, bool)],
+        work: impl FnOnce(&[DeviceBuffer]) + Send + 'static,
+    ) -> Result<()> {
+        {
+            let st = self.core.state.lock();
+            for &(p, l, _) in buffers {
+                if p == 0 {
+                    return Err(Error::InvalidNullPointer("buffer pointer is null".into()));
+                }
+                self.core.check_range(&st, p, l)?;
+            }
+        }
+        let d = self.dev();
+        let bufs = buffers.to_vec();
+        self.enqueue(move |c| {
+            let mut st = c.state.lock();
+            let want: Vec<(usize, usize, Option<u32>, bool)> =
+                bufs.iter().map(|&(p, l, w)| (p, l, Some(d), w)).collect();
+            c.wait_pins(&mut st, &want)?;
+            let mut keep: Vec<usize> = bufs.iter().flat_map(|&(p, l, _)| pages_of(p, l)).collect();
+            keep.sort_unstable();
+            keep.dedup();
+            for &(p, l, w) in &bufs {
+                for a in pages_of(p, l) {
+                    c.ensure_device(&mut st, a, d, w, &keep)?;
+                }
+            }
+            let dev: Vec<DeviceBuffer> = bufs
+                .iter()
+                .map(|&(p, l, _)| DeviceBuffer {
+                    ptr: c.mirror(&st, p, d) as *mut u8,
+                    len: l,
+                })
+                .collect();
+            c.pin(&mut st, &keep);
+            let r = MutexGuard::unlocked(&mut st, || {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || work(&dev)))
+            });
+            c.unpin(&mut st, &keep);
+            r.map_err(|_| Error::Unknown("launched device work panicked".into()))
+        });
+        Ok(())
+    }
+}
+
+impl Context {
+    fn managed(&self) -> Result<&Arc<Core>> {
+        let d = self.driver_shared();
+        d.managed.core(d.backend.as_ref())
+    }
+
+    /// Allocates `size` bytes of managed memory (`aclrtMemAllocManaged`), rounded up to a
+    /// multiple of 2 MiB, 2 MiB-aligned, reachable from the host and every device. Pages are
+    /// populated on first touch (contents not initialised; fresh pages read zero here).
+    ///
+    /// Errors: `InvalidEnumeration` (100000) unless `flag` is [`ACL_RT_MEM_ATTACH_GLOBAL`];
+    /// `InvalidSize` (100000) for 0; `UnsupportedSize` (107000) over 3 TiB; `OutOfHostMemory`
+    /// (207001) if the process would hold over 3 TiB of managed memory or the OS refuses;
+    /// `UnsupportedFeature` (207000) where the platform cannot migrate on faults (the message
+    /// says why).
+    pub fn alloc_managed(&self, size: u64, flag: u32) -> Result<usize> {
+        if flag != ACL_RT_MEM_ATTACH_GLOBAL {
+            return Err(Error::InvalidEnumeration(format!(
+                "flag {flag:#x} is not ACL_RT_MEM_ATTACH_GLOBAL (0x1)"
+            )));
+        }
+        if size == 0 {
+            return Err(Error::InvalidSize("managed allocation of size 0".into()));
+        }
+        if size > MAX_MANAGED_PER_PROCESS {
+            return Err(Error::UnsupportedSize(format!(
+                "size {size:#x} exceeds the 3 TiB of managed memory a process may allocate"
+            )));
+        }
+        let rounded = size.div_ceil(PAGE as u64) * PAGE as u64;
+        let core = self.managed()?;
+        PROCESS_MANAGED
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(rounded)
+                    .filter(|&n| n <= MAX_MANAGED_PER_PROCESS)
+            })
+            .map_err(|u| {
+                Error::OutOfHostMemory(format!(
+                    "the process holds {u:#x} bytes of managed memory; {rounded:#x} more would \
+                     pass the 3 TiB limit"
+                ))
+            })?;
+        let range = match core.ops.reserve(rounded as usize, PAGE) {
+            Ok(r) => r,
+            Err(e) => {
+                PROCESS_MANAGED.fetch_sub(rounded, Ordering::AcqRel);
+                return Err(e.into());
+            }
+        };
+        let base = range.host;
+        let n = core.devmem.len();
+        let mut st = core.state.lock();
+        st.stats.allocations += 1;
+        st.stats.bytes += rounded;
+        st.allocs.insert(
+            base,
+            Alloc {
+                pages: vec![Page::new(n); rounded as usize / PAGE],
+                range,
+                ctx: self.id(),
+            },
+        );
+        Ok(base)
+    }
+
+    /// Frees managed memory (`aclrtFree`): `ptr` must be the base of a live managed allocation
+    /// of this context. Its pages leave every device at once. Stream work queued on it and not
+    /// yet run reports `AddressNotFound` at synchronize.
+    ///
+    /// Errors (nothing freed): `InvalidNullPointer` (100000); `AddressNotFound` (107000) for any
+    /// other pointer (interior, unknown, freed, another context's); `UnsupportedFeature`
+    /// (207000) where managed memory is unavailable.
+    pub fn free_managed(&self, ptr: usize) -> Result<()> {
+        if ptr == 0 {
+            return Err(Error::InvalidNullPointer("pointer is null".into()));
+        }
+        let core = self.managed()?;
+        let mut st = core.state.lock();
+        let size = match st.allocs.get(&ptr) {
+            Some(a) if a.ctx == self.id() => a.range.size,
+            _ => {
+                return Err(Error::AddressNotFound(format!(
+                    "{} is not the base of a managed allocation of this context",
+                    Addr(ptr)
+                )))
+            }
+        };
+        // Work running on the allocation finishes first (its pages are pinned).
+        core.wait_pins(&mut st, &[(ptr, size, None, false)])?;
+        core.free_locked(&mut st, ptr);
+        Ok(())
+    }
+
+    /// Whether the byte at `ptr` is inside a live managed allocation of this driver (any
+    /// context): the "pointer inside managed memory" check of `aclrtMemManagedAdvise`,
+    /// `aclrtMemManagedPrefetchAsync` and `aclrtMemManagedGetAttr` (107000 when false), as a
+    /// query of hetmem's own (the spec has no call for it). Any alignment; never fails (false
+    /// before the first managed allocation).
+    pub fn is_managed(&self, ptr: usize) -> bool {
+        let d = self.driver_shared();
+        d.managed
+            .existing()
+            .is_some_and(|c| c.find(&c.state.lock(), ptr).is_some())
+    }
+
+    /// Host-synchronous `aclrtMemset`: sets `count` bytes at `ptr` (inside one managed
+    /// allocation; any alignment, `count` 0 allowed) to `value` from the calling thread; the
+    /// pages migrate to the host.
+    ///
+    /// Errors (nothing written): `InvalidNullPointer` (100000); `AddressNotFound` (107000) for a
+    /// range not inside one managed allocation (or overflowing); `UnsupportedFeature` (207000)
+    /// where managed memory is unavailable.
+    pub fn managed_memset(&self, ptr: usize, value: u8, count: usize) -> Result<()> {
+        self.check_host_range(ptr, count)?;
+        // SAFETY: the range is inside a live managed allocation (mapped read-write; absent
+        // pages fault and are migrated by the fault thread). No lock is held here.
+        unsafe { std::ptr::write_bytes(ptr as *mut u8, value, count) };
+        Ok(())
+    }
+
+    /// Host-synchronous `aclrtMemcpy` of `count` bytes (overlap behaves as `memmove`) by the
+    /// calling thread, a host access: managed pages migrate to the host. Each side is managed
+    /// memory (inside one managed allocation) or plain process memory that is mapped readable
+    /// (`src`) / writable (`dst`) for the whole range, checked against `/proc/self/maps`: host
+    /// buffers, USM host / device / shared allocations, imports (on this backend device memory
+    /// is process memory). At least one side must be managed.
+    ///
+    /// Errors (nothing copied): `InvalidNullPointer` (100000); `AddressNotFound` (107000) for a
+    /// managed range running past its allocation, a plain range that is not mapped with the
+    /// access needed or runs into managed memory, or when neither side is managed.
+    pub fn managed_memcpy(&self, dst: usize, src: usize, count: usize) -> Result<()> {
+        if dst == 0 || src == 0 {
+            return Err(Error::InvalidNullPointer("pointer is null".into()));
+        }
+        let core = self.managed()?;
+        {
+            let st = core.state.lock();
+            let dm = core.find(&st, dst).is_some();
+            let sm = core.find(&st, src).is_some();
+            if !dm && !sm {
+                return Err(Error::AddressNotFound(format!(
+                    "neither {} nor {} is inside managed memory",
+                    Addr(dst),
+                    Addr(src)
+                )));
+            }
+            for (p, managed, write) in [(dst, dm, true), (src, sm, false)] {
+                if managed {
+                    core.check_range(&st, p, count)?;
+                } else {
+                    let end = p.checked_add(count).ok_or_else(|| {
+                        Error::AddressNotFound(format!("{} + {count:#x} overflows", Addr(p)))
+                    })?;
+                    if let Some((&b, _)) = st.allocs.range(p..end).next() {
+                        return Err(Error::AddressNotFound(format!(
+                            "[{}, {}) runs into the managed allocation at {}",
+                            Addr(p),
+                            Addr(end),
+                            Addr(b)
+                        )));
+                    }
+                    check_process_memory(self.driver_shared().backend.as_ref(), p, count, write)?;
+                }
+            }
+        }
+        // SAFETY: managed sides are inside live managed allocations (absent pages fault and
+        // migrate; no lock is held here); plain sides are mapped with the access needed.
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, count) };
+        Ok(())
+    }
+
+    /// Host-synchronous copy of `data` into managed memory at `dst` (`aclrtMemcpy`,
+    /// host-to-managed).
+    ///
+    /// Errors: as [`Context::managed_memset`].
+    pub fn managed_write(&self, dst: usize, data: &[u8]) -> Result<()> {
+        self.check_host_range(dst, data.len())?;
+        // SAFETY: the range is inside a live managed allocation; `data` is not inside it
+        // (a slice cannot alias memory we are about to write through a raw pointer safely,
+        // and copy allows overlap anyway).
+        unsafe { std::ptr::copy(data.as_ptr(), dst as *mut u8, data.len()) };
+        Ok(())
+    }
+
+    /// Host-synchronous copy of managed memory at `src` into `out` (`aclrtMemcpy`,
+    /// managed-to-host).
+    ///
+    /// Errors: as [`Context::managed_memset`].
+    pub fn managed_read(&self, src: usize, out: &mut [u8]) -> Result<()> {
+        self.check_host_range(src, out.len())?;
+        // SAFETY: the range is inside a live managed allocation.
+        unsafe { std::ptr::copy(src as *const u8, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    fn check_host_range(&self, ptr: usize, count: usize) -> Result<()> {
+        if ptr == 0 {
+            return Err(Error::InvalidNullPointer("pointer is null".into()));
+        }
+        let core = self.managed()?;
+        let st = core.state.lock();
+        core.check_range(&st, ptr, count)
+    }
+
+    /// Applies advice to `[ptr, ptr+size)` (`aclrtMemManagedAdvise`); see [`Advice`] for what
+    /// each does. `location` is ignored by `SET_READ_MOSTLY` and `UNSET_PREFERRED_LOCATION`;
+    /// `UNSET_READ_MOSTLY` takes INVALID as the host.
+    ///
+    /// Errors (nothing changed): `InvalidNullPointer` / `InvalidSize` (100000) for null / 0;
+    /// `UnsupportedSize` (107000) for a size that is not a multiple of 2 MiB or over 3 TiB;
+    /// `AddressNotFound` (107000) unless the range is inside one managed allocation;
+    /// `UnsupportedAlignment` (107008) for a pointer not 2 MiB-aligned; `InvalidArgument`
+    /// (107000) for an INVALID location where one is needed, a device id that is not a device, a
+    /// NUMA node that does not exist, or a preferred location refused because pages are mapped
+    /// elsewhere; `OutOfDeviceMemory` (207001) if the device an eager step needs cannot take
+    /// the pages (`SET_PREFERRED_LOCATION`: the whole range at once, next to the device's
+    /// other memory and pages in use by running work; `UNSET_READ_MOSTLY` / `SET_ACCESSED_BY`
+    /// to a device: not even one page, the device being full of memory that is not an
+    /// evictable managed page); `UnsupportedFeature` (207000) where managed memory is
+    /// unavailable. Every refusal is decided before any page moves or any advice is recorded.
+    /// Only a failure of the platform itself in the middle (the OS refusing a mapping) can
+    /// leave pages moved; the advice is then still not recorded, `SET_READ_MOSTLY` takes its
+    /// read-only copies back, and no data is lost.
+    ///
+    /// `ptr` and `size` in bytes, both multiples of 2 MiB ([`MANAGED_PAGE_SIZE`]).
+    pub fn mem_advise(
+        &self,
+        ptr: usize,
+        size: usize,
+        advice: Advice,
+        location: Location,
+    ) -> Result<()> {
+        let core = self.managed()?;
+        let mut st = core.state.lock();
+        check_advise_args(core, &st, ptr, size)?;
+        // Advice may move any page of the range: wait for work using them.
+        core.wait_pins(&mut st, &[(ptr, size, None, false)])?;
+        let pages: Vec<usize> = (ptr..ptr + size).step_by(PAGE).collect();
+        // Every call below first checks everything that can be refused (arguments, the
+        // preferred-location rules, device room), then moves pages, then changes the advice
+        // bookkeeping once every move has succeeded: a refused call changes nothing.
+        match advice {
+            Advice::SetReadMostly => {
+                // The read-only host copies first; if the platform refuses one, the copies
+                // made so far are taken back and the counters restored.
+                let stats = st.stats.clone();
+                let mut done: Vec<(usize, bool)> = Vec::new();
+                for &a in &pages {
+                    let p = core.page(&st, a);
+                    let r = if p.host {
+                        if p.host_ro {
+                            Ok(())
+                        } else {
+                            // SAFETY: present page of ours.
+                            unsafe { core.ops.host_protect(a, PAGE, true) }
+                                .map(|()| {
+                                    core.page_mut(&mut st, a).host_ro = true;
+                                    done.push((a, false));
+                                })
+                                .map_err(Error::from)
+                        }
+                    } else {
+                        core.install_host_from(&mut st, a, p.on_device(), true)
+                            .map(|()| done.push((a, true)))
+                    };
+                    if let Err(e) = r {
+                        core.undo_read_only_copies(&mut st, &done);
+                        st.stats = stats;
+                        return Err(e);
+                    }
+                }
+                for &a in &pages {
+                    core.page_mut(&mut st, a).read_mostly = true;
+                }
+            }
+            Advice::UnsetReadMostly => {
+                let loc = match location {
+                    Location::Invalid => Loc::Host,
+                    l => core.resolve(l, "UNSET_READ_MOSTLY")?,
+                };
+                let todo: Vec<usize> = pages
+                    .iter()
+                    .copied()
+                    .filter(|&a| {
+                        let p = core.page_ref(&st, a);
+                        p.read_mostly && p.copies() > 0
+                    })
+                    .collect();
+                if let Loc::Device(d) = loc {
+                    core.check_room_one_by_one(&st, d, &todo, "UNSET_READ_MOSTLY")?;
+                }
+                for &a in &todo {
+                    core.ensure_at(&mut st, a, loc, true)?;
+                }
+                for &a in &pages {
+                    core.page_mut(&mut st, a).read_mostly = false;
+                }
+            }
+            Advice::SetPreferredLocation => {
+                let loc = core.resolve(location, "SET_PREFERRED_LOCATION")?;
+                // Validate every page first: a refused call changes nothing.
+                for &a in &pages {
+                    let p = core.page_ref(&st, a);
+                    if p.read_mostly {
+                        continue;
+                    }
+                    match loc {
+                        Loc::Host | Loc::Numa(_) => {
+                            if let Some(d) = p.on_device() {
+                                return Err(Error::InvalidArgument(format!(
+                                    "SET_PREFERRED_LOCATION to the host: page {} is mapped on \
+                                     device {d}",
+                                    Addr(a)
+                                )));
+                            }
+                        }
+                        Loc::Device(d) => {
+                            if p.host {
+                                return Err(Error::InvalidArgument(format!(
+                                    "SET_PREFERRED_LOCATION to device {d}: page {} is mapped on \
+                                     the host",
+                                    Addr(a)
+                                )));
+                            }
+                            if let Some(e) = p.on_device().filter(|&e| e != d) {
+                                return Err(Error::InvalidArgument(format!(
+                                    "SET_PREFERRED_LOCATION to device {d}: page {} is mapped on \
+                                     device {e}",
+                                    Addr(a)
+                                )));
+                            }
+                        }
+                    }
+                }
+                if let Loc::Device(d) = loc {
+                    // Every page of the range ends up on the device at once (none of them can be
+                    // evicted for another): the pages not there yet must fit in the device's
+                    // free capacity plus the managed pages of other ranges it may evict.
+                    let di = d as usize;
+                    let need = pages
+                        .iter()
+                        .filter(|&&a| core.page_ref(&st, a).slots[di].is_none())
+                        .count() as u64;
+                    let room = core.room_pages(&st, d, ptr..ptr + size);
+                    if need > room {
+                        return Err(Error::OutOfDeviceMemory(format!(
+                            "SET_PREFERRED_LOCATION to device {d}: {need} pages of the range are \
+                             not on the device and it has room for {room} (its other memory, USM \
+                             allocations and pages in use by running work, stays)"
+                        )));
+                    }
+                }
+                for &a in &pages {
+                    let rm = core.page_ref(&st, a).read_mostly;
+                    match loc {
+                        Loc::Host | Loc::Numa(_) if !rm => {
+                            core.ensure_host(&mut st, a, false)?;
+                        }
+                        Loc::Device(d) => {
+                            core.ensure_device(&mut st, a, d, false, &pages)?;
+                        }
+                        _ => {}
+                    }
+                }
+                for &a in &pages {
+                    core.page_mut(&mut st, a).preferred = Some(loc);
+                }
+            }
+            Advice::UnsetPreferredLocation => {
+                for &a in &pages {
+                    core.page_mut(&mut st, a).preferred = None;
+                }
+            }
+            Advice::SetAccessedBy => {
+                let loc = core.resolve(location, "SET_ACCESSED_BY")?;
+                let place = |l: Loc| l.device();
+                // Pages preferring the same place are populated (mapped) there at once.
+                let todo: Vec<usize> = pages
+                    .iter()
+                    .copied()
+                    .filter(|&a| {
+                        core.page_ref(&st, a)
+                            .preferred
+                            .is_some_and(|pl| place(pl) == place(loc))
+                    })
+                    .collect();
+                if let Loc::Device(d) = loc {
+                    core.check_room_one_by_one(&st, d, &todo, "SET_ACCESSED_BY")?;
+                }
+                for &a in &todo {
+                    core.ensure_at(&mut st, a, loc, false)?;
+                }
+                for &a in &pages {
+                    core.page_mut(&mut st, a).accessed_by.insert(loc);
+                }
+            }
+            Advice::UnsetAccessedBy => {
+                let loc = core.resolve(location, "UNSET_ACCESSED_BY")?;
+                for &a in &pages {
+                    core.page_mut(&mut st, a).accessed_by.remove(&loc);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Prefetches `[ptr, ptr+size)` to `location` in order on `stream`
+    /// (`aclrtMemManagedPrefetchAsync`): when the stream reaches it, every page is migrated
+    /// there (read-mostly pages get a read-only copy there, keeping the others; fresh pages are
+    /// populated there). `LAST_PREFETCH_LOCATION` records the request at once.
+    ///
+    /// Errors (nothing queued or recorded): `InvalidEnumeration` (100000) unless `flags` is 0;
+    /// then as [`Context::mem_advise`] for pointer, size, range and alignment; `InvalidArgument`
+    /// (107000) for an INVALID location, a bad device id or NUMA node; `InvalidArgument` for a
+    /// stream of another driver. At run time (reported by [`Stream::synchronize`]):
+    /// `OutOfDeviceMemory` (207001) if the device cannot take a single page (full of memory
+    /// that is not an evictable managed page): nothing moves, `LAST_PREFETCH_LOCATION` keeps
+    /// the request (it records requests, not completion); `AddressNotFound` if the memory was
+    /// freed before the prefetch ran.
+    ///
+    /// `ptr` and `size` in bytes, both multiples of 2 MiB ([`MANAGED_PAGE_SIZE`]). A prefetch
+    /// larger than the device leaves its last pages there (earlier ones are evicted).
+    pub fn mem_prefetch(
+        &self,
+        ptr: usize,
+        size: usize,
+        location: Location,
+        flags: u32,
+        stream: &Stream,
+    ) -> Result<()> {
+        if flags != 0 {
+            return Err(Error::InvalidEnumeration(format!(
+                "prefetch flags {flags:#x} must be 0"
+            )));
+        }
+        let core = self.managed()?;
+        if !Arc::ptr_eq(core, &stream.core) {
+            return Err(Error::InvalidArgument(
+                "the stream belongs to another driver".into(),
+            ));
+        }
+        let loc = {
+            let mut st = core.state.lock();
+            check_advise_args(core, &st, ptr, size)?;
+            let loc = core.resolve(location, "a prefetch")?;
+            for a in (ptr..ptr + size).step_by(PAGE) {
+                core.page_mut(&mut st, a).last_prefetch = Some(loc);
+            }
+            loc
+        };
+        stream.enqueue(move |c| {
+            let mut st = c.state.lock();
+            c.wait_pins(&mut st, &[(ptr, size, loc.device(), false)])?;
+            match loc.device() {
+                None => c.prefetch_to_host(&mut st, ptr, size),
+                Some(d) => c.prefetch_to_device(&mut st, ptr, size, d),
+            }
+        });
+        Ok(())
+    }
+
+    /// One attribute of `[ptr, ptr+size)` into `data` (`aclrtMemManagedGetAttr`), as native
+    /// 32-bit integers; `data.len()` is `dataSize`. Every page the range overlaps counts; see
+    /// [`RangeAttribute`] for the answers.
+    ///
+    /// Errors: `InvalidNullPointer` (100000) for a null pointer; `InvalidSize` (100000) for size
+    /// 0; `UnsupportedSize` (107000) over 3 TiB or for a `dataSize` its attribute does not
+    /// allow (4, or a non-zero multiple of 4 for ACCESSED_BY); `AddressNotFound` (107000)
+    /// unless the range is inside one managed allocation (or `ptr + size` overflows);
+    /// `UnsupportedFeature` (207000) where managed memory is unavailable. Nothing is written on
+    /// error. `size` in bytes, no alignment rule; any `dataSize` allowed is written in full
+    /// (ACCESSED_BY padded with -2), without allocating.
+    pub fn managed_get_attr(
+        &self,
+        attribute: RangeAttribute,
+        ptr: usize,
+        size: usize,
+        data: &mut [u8],
+    ) -> Result<()> {
+        let core = self.managed()?;
+        let st = core.state.lock();
+        get_attr_locked(core, &st, attribute, ptr, size, data)
+    }
+
+    /// Several attributes at once (`aclrtMemManagedGetAttrs`): `data[i]` receives
+    /// `attributes[i]`. All are checked before any is written.
+    ///
+    /// Errors: `InvalidSize` (100000) for no attribute or a count mismatch; then as
+    /// [`Context::managed_get_attr`] for each.
+    pub fn managed_get_attrs(
+        &self,
+        attributes: &[RangeAttribute],
+        ptr: usize,
+        size: usize,
+        data: &mut [&mut [u8]],
+    ) -> Result<()> {
+        if attributes.is_empty() || attributes.len() != data.len() {
+            return Err(Error::InvalidSize(format!(
+                "{} attributes and {} data buffers",
+                attributes.len(),
+                data.len()
+            )));
+        }
+        let core = self.managed()?;
+        let st = core.state.lock();
+        for (a, d) in attributes.iter().zip(data.iter()) {
+            check_data_size(*a, d.len())?;
+        }
+        for (a, d) in attributes.iter().zip(data.iter_mut()) {
+            get_attr_locked(core, &st, *a, ptr, size, d)?;
+        }
+        Ok(())
+    }
+
+    /// One 4-byte attribute as an `i32` (a convenience over [`Context::managed_get_attr`] with
+    /// `dataSize` 4, `aclrtMemManagedGetAttr`). For ACCESSED_BY it gives the first slot (-2 if
+    /// none). `size` in bytes, no alignment rule.
+    ///
+    /// Errors: as [`Context::managed_get_attr`]: `InvalidNullPointer` / `InvalidSize` (100000)
+    /// for a null pointer / size 0; `UnsupportedSize` (107000) over 3 TiB; `AddressNotFound`
+    /// (107000) unless the range is inside one managed allocation; `UnsupportedFeature`
+    /// (207000) where managed memory is unavailable.
+    pub fn managed_attr_i32(
+        &self,
+        attribute: RangeAttribute,
+        ptr: usize,
+        size: usize,
+    ) -> Result<i32> {
+        let mut b = [0u8; 4];
+        self.managed_get_attr(attribute, ptr, size, &mut b)?;
+        Ok(i32::from_ne_bytes(b))
+    }
+
+    /// Most `slots` [`Context::managed_accessed_by`] answers (1 Mi entries, 4 MiB); larger
+    /// buffers go through [`Context::managed_get_attr`], which writes the caller's buffer.
+    pub const MAX_ACCESSED_BY_SLOTS: usize = 1 << 20;
+
+    /// ACCESSED_BY of `[ptr, ptr+size)` (`aclrtMemManagedGetAttr` with `dataSize` = `slots` *
+    /// 4): the ids (device id, -1 host, NUMA node id) advised over the whole range, in `slots`
+    /// entries, padded with -2 or truncated. `size` in bytes, no alignment rule.
+    ///
+    /// Errors: `UnsupportedSize` (107000) for `slots` 0 (dataSize 0) or over
+    /// [`Context::MAX_ACCESSED_BY_SLOTS`] (use [`Context::managed_get_attr`] with a buffer of
+    /// your own for more); then as [`Context::managed_attr_i32`].
+    pub fn managed_accessed_by(&self, ptr: usize, size: usize, slots: usize) -> Result<Vec<i32>> {
+        if slots == 0 || slots > Self::MAX_ACCESSED_BY_SLOTS {
+            return Err(Error::UnsupportedSize(format!(
+                "{slots} ACCESSED_BY slots: 1 to {} are answered here (dataSize a non-zero \
+                 multiple of 4; larger buffers through managed_get_attr)",
+                Self::MAX_ACCESSED_BY_SLOTS
+            )));
+        }
+        let mut b = vec![0u8; slots * 4];
+        self.managed_get_attr(RangeAttribute::AccessedBy, ptr, size, &mut b)?;
+        Ok(b.chunks(4)
+            .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    /// Creates an in-order stream on `device` (`aclrtCreateStream` after `aclrtSetDevice`).
+    ///
+    /// Errors: `InvalidNullHandle` for a device of another driver; `UnsupportedFeature` (207000)
+    /// where managed memory is unavailable; `OutOfHostMemory` if the engine cannot start.
+    pub fn create_stream(&self, device: &Device) -> Result<Stream> {
+        let core = self.managed()?.clone();
+        Ok(Stream {
+            queue: self.create_command_queue(device)?,
+            core,
+            error: Arc::default(),
+        })
+    }
+
+    /// Reads `out.len()` bytes of managed memory at `src` from wherever each page lives now,
+    /// without migrating anything or counting a fault (for tests, debuggers and demos; the
+    /// host-synchronous read is [`Context::managed_read`]). A page that has never been touched
+    /// reads as zeros.
+    ///
+    /// Errors: `InvalidNullPointer`; `AddressNotFound` (107000) for a range not inside one
+    /// managed allocation; `Unknown` if the copies of a read-mostly page differ (a broken
+    /// invariant, never expected).
+    pub fn managed_peek(&self, src: usize, out: &mut [u8]) -> Result<()> {
+        if src == 0 {
+            return Err(Error::InvalidNullPointer("pointer is null".into()));
+        }
+        let core = self.managed()?;
+        let st = core.state.lock();
+        core.check_range(&st, src, out.len())?;
+        let mut at = 0;
+        while at < out.len() {
+            let a = src + at;
+            let page = a & !(PAGE - 1);
+            let n = (page + PAGE - a).min(out.len() - at);
+            let p = core.page(&st, page);
+            let mut sources: Vec<usize> = Vec::new();
+            if p.host {
+                sources.push(a);
+            }
+            for (d, s) in p.slots.iter().enumerate() {
+                if s.is_some() {
+                    sources.push(core.mirror(&st, a, d as u32));
+                }
+            }
+            let dst = &mut out[at..at + n];
+            match sources.first() {
+                // SAFETY: present host pages and mapped mirror pages do not fault, and cannot
+                // change or go while the lock is held (host writers to a page with other
+                // copies are write-protected).
+                Some(&s0) => unsafe {
+                    std::ptr::copy_nonoverlapping(s0 as *const u8, dst.as_mut_ptr(), n)
+                },
+                None => dst.fill(0),
+            }
+            for &s in sources.iter().skip(1) {
+                // SAFETY: as above.
+                let other = unsafe { std::slice::from_raw_parts(s as *const u8, n) };
+                if other != &*dst {
+                    return Err(Error::Unknown(format!(
+                        "the copies of read-mostly page {} differ",
+                        Addr(page)
+                    )));
+                }
+            }
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Where the page holding `ptr` lives now: the host, devices with a copy. For tests and
+    /// demos; `None` if `ptr` is not managed or the page has never been touched.
+    pub fn managed_residency(&self, ptr: usize) -> Option<Residency> {
+        let core = self.driver_shared().managed.existing()?;
+        let st = core.state.lock();
+        core.find(&st, ptr)?;
+        let p = core.page(&st, ptr & !(PAGE - 1));
+        (p.copies() > 0).then(|| Residency {
+            host: p.host,
+            host_read_only: p.host_ro,
+            devices: p
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.is_some())
+                .map(|(d, _)| d as u32)
+                .collect(),
+        })
+    }
+}
+
+impl Driver {
+    /// Counters of the driver's managed memory: faults, pages and bytes migrated each way, per
+    /// device (hetmem's own query; ACL has no call for it). All zero before the first managed
+    /// allocation. Never fails.
+    pub fn managed_stats(&self) -> ManagedStats {
+        match self.shared.managed.existing() {
+            Some(c) => c.state.lock().stats.clone(),
+            None => ManagedStats {
+                devices: vec![ManagedDeviceStats::default(); self.shared.backend.devices().len()],
+                ..Default::default()
+            },
+        }
+    }
+}

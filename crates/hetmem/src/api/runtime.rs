@@ -1,0 +1,377 @@
+//! The object model: [`Runtime`] → [`Driver`] (one per backend) → [`Device`]s → [`Context`]s,
+//! as in Level Zero (`zeInitDrivers`, `zeDriverGet`, `zeDeviceGet`, `zeContextCreate`).
+//!
+//! The backend is chosen by [`RuntimeBuilder::backend`] in Rust and by `HETMEM_BACKEND`
+//! (`host`, the default, or `cuda`) through [`Runtime::from_env`]. Host-backend devices are set
+//! by `HETMEM_HOST_DEVICES` (default 2) and `HETMEM_HOST_DEVICE_MEMORY` (bytes per device, with an
+//! optional `K`/`M`/`G`/`T` suffix; default a quarter of RAM split between the devices), and the
+//! largest single allocation by `HETMEM_HOST_MAX_ALLOC` (default half a device).
+
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::backend::{Backend, DeviceInfo};
+use crate::config::{parse_bytes, BackendConfig, BackendKind, HostConfig};
+use crate::error::{Error, Result};
+use crate::semantics::capacity::DeviceMemory;
+use crate::semantics::driver::DriverShared;
+use crate::semantics::usm::{UsmState, UsmStats};
+use crate::semantics::vmm::{VmState, VmStats};
+
+/// Builds a [`Runtime`].
+#[derive(Debug, Clone)]
+pub struct RuntimeBuilder {
+    backend: BackendKind,
+    host: HostConfig,
+    ipc_max_range_pieces: usize,
+}
+
+impl RuntimeBuilder {
+    /// Chooses the backend.
+    pub fn backend(mut self, kind: BackendKind) -> Self {
+        self.backend = kind;
+        self
+    }
+    /// Number of host-backend devices (at least 1).
+    pub fn host_devices(mut self, n: u32) -> Self {
+        self.host.devices = n;
+        self
+    }
+    /// Capacity of each host-backend device in bytes; the largest single allocation becomes half
+    /// of it unless set after this call. 0 is refused by [`RuntimeBuilder::build`]
+    /// (`InvalidArgument`).
+    pub fn host_device_memory(mut self, bytes: u64) -> Self {
+        self.host.device_memory = bytes;
+        self.host.max_alloc_size = (bytes / 2).max(1);
+        self
+    }
+    /// Largest single allocation of each host-backend device in bytes.
+    pub fn host_max_alloc_size(mut self, bytes: u64) -> Self {
+        self.host.max_alloc_size = bytes;
+        self
+    }
+    /// Most `(physical object, offset, length)` pieces one IPC range handle of this driver
+    /// carries (`ze_ipc_phys_mem_handle_range_ext_desc_t`): exporting a range of more pieces is
+    /// `UnsupportedSize` naming the limit, and opening a range handle that claims more is
+    /// refused the same way. Default [`crate::semantics::ipc::DEFAULT_MAX_RANGE_PIECES`] (1 << 20); values
+    /// below 1 are taken as 1. See [`Driver::ipc_max_range_pieces`].
+    pub fn ipc_max_range_pieces(mut self, n: usize) -> Self {
+        self.ipc_max_range_pieces = n.max(1);
+        self
+    }
+
+    /// The configuration from the environment (see the module docs), on top of the defaults.
+    ///
+    /// Errors: `InvalidArgument`, naming the variable and its value, for a `HETMEM_BACKEND`
+    /// that is not `host` or `cuda`, a `HETMEM_HOST_DEVICES` that is not a count, or a
+    /// `HETMEM_HOST_DEVICE_MEMORY` / `HETMEM_HOST_MAX_ALLOC` that is not a byte count (see
+    /// [`parse_bytes`]) or is 0. A device count of 0 is refused by [`RuntimeBuilder::build`].
+    pub fn from_env() -> Result<RuntimeBuilder> {
+        let mut b = Runtime::builder();
+        if let Ok(v) = std::env::var("HETMEM_BACKEND") {
+            b = b.backend(BackendKind::parse(&v)?);
+        }
+        if let Ok(v) = std::env::var("HETMEM_HOST_DEVICES") {
+            let n: u32 = v.trim().parse().map_err(|_| {
+                Error::InvalidArgument(format!("HETMEM_HOST_DEVICES={v:?} is not a count"))
+            })?;
+            b = b.host_devices(n);
+            // Keep a quarter of RAM in all unless the memory is set explicitly.
+            let d = HostConfig::default_for_machine();
+            if n > 0 {
+                let per = (d.device_memory * d.devices as u64 / n as u64) / (2 << 20) * (2 << 20);
+                b = b.host_device_memory(per.max(64 << 20));
+            }
+        }
+        for var in ["HETMEM_HOST_DEVICE_MEMORY", "HETMEM_HOST_MAX_ALLOC"] {
+            let Ok(v) = std::env::var(var) else { continue };
+            let n = parse_bytes(&v)
+                .map_err(|e| Error::InvalidArgument(format!("{var}={v:?}: {}", e.message())))?;
+            if n == 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "{var}={v:?} is 0 bytes; it must be at least 1 byte"
+                )));
+            }
+            b = match var {
+                "HETMEM_HOST_DEVICE_MEMORY" => b.host_device_memory(n),
+                _ => b.host_max_alloc_size(n),
+            };
+        }
+        Ok(b)
+    }
+
+    /// Starts the runtime: makes the backend and its driver.
+    ///
+    /// Errors: `InvalidArgument` for a host backend with 0 devices, 0 bytes of device memory
+    /// or a largest single allocation of 0 bytes (the message names the value);
+    /// `Uninitialized` for the cuda backend, which is not part of this build yet.
+    pub fn build(mut self) -> Result<Runtime> {
+        if self.backend == BackendKind::Host {
+            if self.host.devices == 0 {
+                return Err(Error::InvalidArgument(
+                    "host device count is 0 (host_devices(0) or HETMEM_HOST_DEVICES=0); \
+                     the host backend needs at least 1 device"
+                        .into(),
+                ));
+            }
+            if self.host.device_memory == 0 {
+                return Err(Error::InvalidArgument(
+                    "host device memory is 0 bytes (host_device_memory(0) or \
+                     HETMEM_HOST_DEVICE_MEMORY=0); a host device needs memory"
+                        .into(),
+                ));
+            }
+            if self.host.max_alloc_size == 0 {
+                return Err(Error::InvalidArgument(
+                    "largest single allocation is 0 bytes (host_max_alloc_size(0) or \
+                     HETMEM_HOST_MAX_ALLOC=0)"
+                        .into(),
+                ));
+            }
+        }
+        // The largest single allocation cannot exceed the device.
+        self.host.max_alloc_size = self.host.max_alloc_size.min(self.host.device_memory);
+        let (backend, config): (Box<dyn Backend>, BackendConfig) = match self.backend {
+            BackendKind::Host => (
+                crate::backend::create_host(
+                    self.host.devices,
+                    self.host.device_memory,
+                    self.host.max_alloc_size,
+                ),
+                BackendConfig::Host(self.host),
+            ),
+            BackendKind::Cuda => {
+                return Err(Error::Uninitialized(
+                    "the cuda backend is not part of this build yet; use HETMEM_BACKEND=host"
+                        .into(),
+                ))
+            }
+        };
+        let devmem = Arc::new(DeviceMemory::new(backend.devices()));
+        let vm = VmState::new(backend.as_ref(), devmem.clone());
+        let managed = crate::semantics::managed::ManagedState::new(devmem.clone());
+        let usm = UsmState::new(backend.as_ref(), devmem);
+        let shared = Arc::new(DriverShared {
+            config,
+            backend,
+            vm: RwLock::new(vm),
+            usm: RwLock::new(usm),
+            inflight: crate::semantics::inflight::InFlight::default(),
+            managed,
+            ipc_max_range_pieces: self.ipc_max_range_pieces,
+        });
+        Ok(Runtime {
+            driver: Driver { shared },
+        })
+    }
+}
+
+/// The runtime: holds the driver of the chosen backend.
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    driver: Driver,
+}
+
+impl Runtime {
+    /// A builder with the defaults (host backend, 2 devices, a quarter of RAM).
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder {
+            backend: BackendKind::Host,
+            host: HostConfig::default_for_machine(),
+            ipc_max_range_pieces: crate::semantics::ipc::DEFAULT_MAX_RANGE_PIECES,
+        }
+    }
+
+    /// A runtime configured from the environment (`HETMEM_BACKEND`, `HETMEM_HOST_*`).
+    ///
+    /// Errors: those of [`RuntimeBuilder::from_env`] (`InvalidArgument` for a bad or 0 value)
+    /// and [`RuntimeBuilder::build`] (`InvalidArgument` for 0 devices, `Uninitialized` for
+    /// cuda).
+    pub fn from_env() -> Result<Runtime> {
+        RuntimeBuilder::from_env()?.build()
+    }
+
+    /// The drivers (`zeDriverGet`): one, for the chosen backend.
+    pub fn drivers(&self) -> Vec<Driver> {
+        vec![self.driver.clone()]
+    }
+
+    /// The driver.
+    pub fn driver(&self) -> &Driver {
+        &self.driver
+    }
+}
+
+/// A driver (`ze_driver_handle_t`): one backend and its devices.
+#[derive(Debug, Clone)]
+pub struct Driver {
+    pub(crate) shared: Arc<DriverShared>,
+}
+
+impl Driver {
+    /// The backend this driver runs on.
+    pub fn backend_kind(&self) -> BackendKind {
+        self.shared.config.kind()
+    }
+
+    /// The backend and the settings in force.
+    pub fn config(&self) -> &BackendConfig {
+        &self.shared.config
+    }
+
+    /// A description of the backend (platform, versions).
+    pub fn describe(&self) -> String {
+        self.shared.backend.describe()
+    }
+
+    /// The host-backend settings in force; `None` on another backend.
+    pub fn host_config(&self) -> Option<&HostConfig> {
+        match &self.shared.config {
+            BackendConfig::Host(h) => Some(h),
+            _ => None,
+        }
+    }
+
+    /// The devices (`zeDeviceGet`), in ordinal order.
+    pub fn devices(&self) -> Vec<Device> {
+        (0..self.shared.backend.devices().len() as u32)
+            .map(|ordinal| Device {
+                shared: self.shared.clone(),
+                ordinal,
+            })
+            .collect()
+    }
+
+    /// Device `ordinal`, if it exists.
+    pub fn device(&self, ordinal: u32) -> Option<Device> {
+        self.devices().into_iter().nth(ordinal as usize)
+    }
+
+    /// Creates a context (`zeContextCreate`). Everything made in a context (reservations,
+    /// mappings, physical objects, USM allocations and imports) is released when its last
+    /// handle is dropped (`zeContextDestroy`); a USM allocation that queued work of another
+    /// context still references goes when that work finishes, never under it (its device
+    /// capacity comes back then). The context's own queues and lists hold it alive, and their
+    /// work has finished before it goes.
+    pub fn create_context(&self) -> Result<Context> {
+        let id = crate::semantics::capacity::fresh_id();
+        Ok(Context {
+            inner: Arc::new(ContextInner {
+                driver: self.shared.clone(),
+                id,
+            }),
+        })
+    }
+
+    /// Counters of the driver's virtual memory (all contexts).
+    pub fn vm_stats(&self) -> VmStats {
+        self.shared.vm.read().stats()
+    }
+
+    /// Counters of the driver's USM allocations and imports (all contexts). Device capacity
+    /// used by device / shared allocations shows in [`Driver::vm_stats`]' `devices` and
+    /// [`Device::used_memory`], shared with physical memory.
+    pub fn usm_stats(&self) -> UsmStats {
+        self.shared.usm.read().stats()
+    }
+}
+
+/// A device (`ze_device_handle_t`).
+#[derive(Debug, Clone)]
+pub struct Device {
+    pub(crate) shared: Arc<DriverShared>,
+    ordinal: u32,
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared) && self.ordinal == other.ordinal
+    }
+}
+impl Eq for Device {}
+
+impl Device {
+    /// The device's ordinal (0-based id).
+    pub fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+    /// The backend's description of the device: name, capacity, largest allocation, granularity.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.shared.backend.devices()[self.ordinal as usize]
+    }
+    /// Bytes of the capacity in use now.
+    pub fn used_memory(&self) -> u64 {
+        self.shared.vm.read().stats().devices[self.ordinal as usize].used
+    }
+}
+
+#[derive(Debug)]
+struct ContextInner {
+    driver: Arc<DriverShared>,
+    id: u64,
+}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        let d = &self.driver;
+        d.managed.release_context(self.id);
+        // USM memory that queued work (of another context's queues) still references is
+        // released when that work finishes, as DEFER_FREE does; the rest goes now. Taken out
+        // under the write lock, so no new submission can reference it from here on.
+        let taken = d.usm.write().take_context(self.id);
+        for p in taken {
+            if let Some(p) = d.inflight.defer_or_return(p) {
+                p.finish(d.backend.as_ref());
+            }
+        }
+        // Waits (no lock held) until no queued work uses the context's reservations or views.
+        let id = self.id;
+        crate::semantics::driver::vm_write_unreferenced(d, |vm| vm.reservations_of(id))
+            .release_context(d.backend.as_ref(), self.id);
+        crate::semantics::ipc::release_context(d, self.id);
+    }
+}
+
+/// A context (`ze_context_handle_t`): owns reservations, mappings and physical memory.
+///
+/// Every method is thread-safe. Methods that change the address space are serialised by the
+/// driver's lock (the kernel serialises them on its `mmap_lock` anyway); the access-attribute
+/// query only takes the read side.
+#[derive(Debug, Clone)]
+pub struct Context {
+    inner: Arc<ContextInner>,
+}
+
+impl Context {
+    pub(crate) fn d(&self) -> &DriverShared {
+        &self.inner.driver
+    }
+
+    /// The driver's shared state (for the semantics modules' `impl Context` blocks).
+    pub(crate) fn driver_shared(&self) -> &DriverShared {
+        &self.inner.driver
+    }
+
+    /// This context's id (owner tag of its objects).
+    pub(crate) fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// The driver of this context.
+    pub fn driver(&self) -> Driver {
+        Driver {
+            shared: self.inner.driver.clone(),
+        }
+    }
+
+    pub(crate) fn check_device(&self, device: &Device) -> Result<()> {
+        if !Arc::ptr_eq(&device.shared, &self.inner.driver) {
+            return Err(Error::InvalidNullHandle(format!(
+                "device {} belongs to another driver",
+                device.ordinal
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,166 @@
+//! Level Zero virtual memory (`zeVirtualMem*`, `zePhysicalMem*`): reservations, physical
+//! memory, mappings, access attributes. The rules are in the semantics module of the same name;
+//! the calls are methods of [`crate::Context`].
+
+pub use crate::semantics::vmm::*;
+
+use crate::api::runtime::{Context, Device};
+use crate::error::Result;
+
+impl Context {
+    /// Reserves `size` bytes of virtual address space (`zeVirtualMemReserve`).
+    ///
+    /// `start_hint`: where to try first; used when page-aligned and free, otherwise another
+    /// address is chosen (an existing mapping of the process is never replaced). The result is
+    /// aligned to [`Context::query_page_size`]`(size)`, and its pages are inaccessible (NONE).
+    ///
+    /// Errors: `UnsupportedSize` if `size` is 0 or not a multiple of the page size for `size`;
+    /// `OutOfHostMemory` if the address space (or `vm.max_map_count`) is exhausted.
+    pub fn reserve(&self, start_hint: Option<usize>, size: usize) -> Result<Reservation> {
+        let d = self.d();
+        d.vm.write()
+            .reserve(d.backend.as_ref(), self.id(), start_hint.unwrap_or(0), size)
+    }
+
+    /// Frees a reservation (`zeVirtualMemFree`): unmaps whatever is mapped in it (the physical
+    /// objects survive) and releases the range. Blocks until no queued or running command
+    /// references the reservation (see "Virtual memory and IPC views in flight" in
+    /// [`crate::queue`]).
+    ///
+    /// Errors: `InvalidNullPointer` for null; `UnsupportedSize` for 0; `InvalidArgument` unless
+    /// `(ptr, size)` is exactly the base and size of a live reservation of this context.
+    pub fn free(&self, ptr: usize, size: usize) -> Result<()> {
+        let d = self.d();
+        let mut vm = crate::semantics::driver::vm_write_unreferenced(d, |vm| {
+            crate::semantics::driver::reservation_at(vm, ptr)
+        });
+        vm.free(d.backend.as_ref(), self.id(), ptr, size)
+    }
+
+    /// Frees `r` (see [`Context::free`]).
+    pub fn free_reservation(&self, r: Reservation) -> Result<()> {
+        self.free(r.base, r.size)
+    }
+
+    /// The page size for aligning reservations and physical memory of `size` bytes on `device`
+    /// (`zeVirtualMemQueryPageSize`): 64 KiB below 2 MiB, 2 MiB from 2 MiB up, never below the
+    /// device's granularity (a multiple of the OS page size).
+    ///
+    /// Errors: `UnsupportedSize` if `size` is 0; `InvalidNullHandle` for a device of another
+    /// driver.
+    pub fn query_page_size(&self, device: &Device, size: usize) -> Result<usize> {
+        self.check_device(device)?;
+        self.d().vm.read().query_page_size(device.ordinal(), size)
+    }
+
+    /// Creates a physical memory object of `size` bytes (`zePhysicalMemCreate`) on `device`
+    /// (`AllocateOnDevice`, counted against its capacity) or in host memory (`AllocateOnHost`,
+    /// device optional).
+    ///
+    /// Errors: `UnsupportedSize` if `size` is 0 or not a multiple of the page size for `size`;
+    /// `InvalidNullHandle` for device memory without a device; `OutOfDeviceMemory` beyond the
+    /// device's remaining capacity; `OutOfHostMemory` if the OS refuses (open-file limit).
+    pub fn create_physical_memory(
+        &self,
+        device: Option<&Device>,
+        flags: PhysicalMemoryFlags,
+        size: usize,
+    ) -> Result<PhysicalMemory> {
+        if let Some(dev) = device {
+            self.check_device(dev)?;
+        }
+        let d = self.d();
+        d.vm.write().create_physical(
+            d.backend.as_ref(),
+            self.id(),
+            device.map(|x| x.ordinal()),
+            flags,
+            size,
+        )
+    }
+
+    /// Destroys a physical memory object (`zePhysicalMemDestroy`).
+    ///
+    /// Errors: `HandleObjectInUse` while any page of it is mapped (nothing changes);
+    /// `InvalidArgument` for a handle that is not live in this context.
+    pub fn destroy_physical_memory(&self, phys: PhysicalMemory) -> Result<()> {
+        let d = self.d();
+        d.vm.write()
+            .destroy_physical(d.backend.as_ref(), self.id(), phys.id)
+    }
+
+    /// Maps `[offset, offset+size)` of `phys` at `ptr` with `access` (`zeVirtualMemMap`).
+    /// One physical object may be mapped at several addresses at once; aliases share bytes.
+    ///
+    /// Errors: `InvalidNullPointer` for null `ptr`; `UnsupportedSize` if `size` is 0 or not a
+    /// multiple of the page size for `size`; `UnsupportedAlignment` if `ptr` or `offset` is not
+    /// aligned to it; `InvalidArgument` if the range is not inside one reservation of this
+    /// context, overlaps a mapping, or `offset+size` is past the end of `phys`.
+    pub fn map(
+        &self,
+        ptr: usize,
+        size: usize,
+        phys: PhysicalMemory,
+        offset: usize,
+        access: AccessAttribute,
+    ) -> Result<()> {
+        let d = self.d();
+        d.vm.write().map(
+            d.backend.as_ref(),
+            self.id(),
+            ptr,
+            size,
+            phys.id,
+            offset,
+            access,
+        )
+    }
+
+    /// Unmaps `[ptr, ptr+size)` (`zeVirtualMemUnmap`): any base-page-aligned sub-range of
+    /// mapped pages. The pages revert to NONE and stay reserved. Blocks until no queued or
+    /// running command references the reservation (see [`crate::queue`]).
+    ///
+    /// Errors: `UnsupportedAlignment` / `UnsupportedSize` if `ptr` / `size` is not a multiple of
+    /// the base page (`query_page_size(1)`); `InvalidArgument` if the range is outside one
+    /// reservation or any page in it is not mapped.
+    pub fn unmap(&self, ptr: usize, size: usize) -> Result<()> {
+        let d = self.d();
+        let mut vm = crate::semantics::driver::vm_write_unreferenced(d, |vm| {
+            crate::semantics::driver::reservation_at(vm, ptr)
+        });
+        vm.unmap(d.backend.as_ref(), self.id(), ptr, size)
+    }
+
+    /// Sets the access attribute of the mapped pages of `[ptr, ptr+size)`
+    /// (`zeVirtualMemSetAccessAttribute`). Per page: a sub-range of a mapping can differ from the
+    /// rest. READONLY faults on write and NONE on any access. Unmapped pages of the range have no
+    /// memory and stay NONE. Blocks, as [`Context::unmap`] does, until no queued or running
+    /// command references the reservation.
+    ///
+    /// Errors: as [`Context::unmap`] for alignment and range.
+    pub fn set_access_attribute(
+        &self,
+        ptr: usize,
+        size: usize,
+        access: AccessAttribute,
+    ) -> Result<()> {
+        let d = self.d();
+        crate::semantics::driver::vm_write_unreferenced(d, |vm| {
+            crate::semantics::driver::reservation_at(vm, ptr)
+        })
+        .set_access(d.backend.as_ref(), self.id(), ptr, size, access)
+    }
+
+    /// The access attribute of the page at `ptr`, and the length in bytes from `ptr` (capped at
+    /// `size`) of pages that share it (`zeVirtualMemGetAccessAttribute`). Unmapped pages read
+    /// NONE.
+    ///
+    /// Errors: as [`Context::unmap`] for alignment and range.
+    pub fn get_access_attribute(
+        &self,
+        ptr: usize,
+        size: usize,
+    ) -> Result<(AccessAttribute, usize)> {
+        self.d().vm.read().get_access(self.id(), ptr, size)
+    }
+}

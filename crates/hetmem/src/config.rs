@@ -1,0 +1,111 @@
+//! Configuration of a runtime: which backend, with that backend's own settings. Plain data
+//! (no platform calls beyond reading the machine's RAM for the host default), shared by the API
+//! (`RuntimeBuilder`, `Driver::config`) and the semantics layer.
+
+use crate::error::{Error, Result};
+
+/// Which backend a driver runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// Any Linux machine: virtual devices over mmap / memfd / mprotect.
+    Host,
+    /// NVIDIA GPUs through the CUDA driver API.
+    Cuda,
+}
+
+impl BackendKind {
+    /// Parses `host` or `cuda` (as in `HETMEM_BACKEND`).
+    pub fn parse(s: &str) -> Result<BackendKind> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "host" => Ok(BackendKind::Host),
+            "cuda" => Ok(BackendKind::Cuda),
+            other => Err(Error::InvalidArgument(format!(
+                "backend {other:?} is not one of: host, cuda"
+            ))),
+        }
+    }
+
+    /// `host` or `cuda`.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Host => "host",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+}
+
+/// Parses a byte count with an optional binary suffix: `1073741824`, `512M`, `4G`, `1T`, `64K`.
+pub fn parse_bytes(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let unit = t[i..].to_ascii_uppercase();
+            let m = match unit.trim_end_matches("IB").trim_end_matches('B') {
+                "" => 1u64,
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                "T" => 1 << 40,
+                _ => {
+                    return Err(Error::InvalidArgument(format!(
+                        "size {s:?} has an unknown unit"
+                    )))
+                }
+            };
+            (&t[..i], m)
+        }
+        None => (t, 1),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| Error::InvalidArgument(format!("size {s:?} is not a number of bytes")))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| Error::InvalidArgument(format!("size {s:?} overflows 64 bits")))
+}
+
+/// Settings of the host backend's virtual devices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostConfig {
+    /// Number of virtual devices (at least 1).
+    pub devices: u32,
+    /// Capacity of each device, in bytes.
+    pub device_memory: u64,
+    /// Largest single allocation on each device, in bytes (at most `device_memory`).
+    pub max_alloc_size: u64,
+}
+
+impl HostConfig {
+    /// Default: 2 devices sharing a quarter of the machine's RAM (each a multiple of 2 MiB, at
+    /// least 64 MiB); the largest single allocation is half a device's capacity.
+    pub fn default_for_machine() -> HostConfig {
+        let round = |v: u64| v / (2 << 20) * (2 << 20);
+        let devices = 2;
+        let ram = crate::backend::platform_facts().total_ram;
+        let device_memory = round(ram / 4 / devices as u64).max(64 << 20);
+        HostConfig {
+            devices,
+            device_memory,
+            max_alloc_size: round(device_memory / 2).max(2 << 20),
+        }
+    }
+}
+
+/// The backend a driver runs on, with that backend's own settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendConfig {
+    /// The host backend and its virtual devices.
+    Host(HostConfig),
+    /// The cuda backend (devices are the GPUs the CUDA driver reports).
+    Cuda,
+}
+
+impl BackendConfig {
+    /// Which backend.
+    pub fn kind(&self) -> BackendKind {
+        match self {
+            BackendConfig::Host(_) => BackendKind::Host,
+            BackendConfig::Cuda => BackendKind::Cuda,
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! The state of one driver that every semantics module works on: the backend, the
+//! virtual-memory and USM bookkeeping, the in-flight references of queued work, managed memory.
+//! Lock order: `usm` before `vm`; `managed` is never held with either.
+
+use std::sync::atomic::Ordering;
+
+use parking_lot::RwLock;
+
+use crate::backend::Backend;
+use crate::config::BackendConfig;
+use crate::semantics::inflight::InFlightRef;
+use crate::semantics::usm::UsmState;
+use crate::semantics::vmm::VmState;
+
+#[derive(Debug)]
+pub(crate) struct DriverShared {
+    pub(crate) config: BackendConfig,
+    pub(crate) backend: Box<dyn Backend>,
+    pub(crate) vm: RwLock<VmState>,
+    /// USM allocations and imports. Lock order: `usm` before `vm` when both are held (an
+    /// import checks that it overlaps no reservation); never take `usm` while holding `vm`.
+    pub(crate) usm: RwLock<UsmState>,
+    /// In-flight references of queued device work to USM allocations ([`crate::queue`]).
+    pub(crate) inflight: crate::semantics::inflight::InFlight,
+    /// ACL managed memory ([`crate::managed`]); its own lock, never held with `usm` or `vm`.
+    pub(crate) managed: crate::semantics::managed::ManagedState,
+    /// [`RuntimeBuilder::ipc_max_range_pieces`].
+    pub(crate) ipc_max_range_pieces: usize,
+}
+
+/// Takes the driver's `vm` write lock once no queued or running work references any of the
+/// reservations `bases` lists (computed under the lock). While one is referenced, drops the
+/// lock, waits for it (no lock held, so engines and unrelated calls go on) and tries again.
+/// Under the write lock no submission can take a new reference (they check under the read
+/// lock), so the returned guard may change those reservations safely.
+pub(crate) fn vm_write_unreferenced(
+    d: &DriverShared,
+    bases: impl Fn(&VmState) -> Vec<usize>,
+) -> parking_lot::RwLockWriteGuard<'_, VmState> {
+    loop {
+        let vm = d.vm.write();
+        // Fast path: no in-flight work references any reservation.
+        if d.inflight.reservations.load(Ordering::Acquire) == 0 {
+            return vm;
+        }
+        let busy = bases(&vm)
+            .into_iter()
+            .map(InFlightRef::Reservation)
+            .find(|&r| d.inflight.is_referenced_ref(r));
+        match busy {
+            None => return vm,
+            Some(r) => {
+                drop(vm);
+                d.inflight.wait_unreferenced_ref(r);
+            }
+        }
+    }
+}
+
+/// The base of the reservation containing `ptr`, if any (for [`vm_write_unreferenced`]).
+pub(crate) fn reservation_at(vm: &VmState, ptr: usize) -> Vec<usize> {
+    vm.pointer_info(ptr)
+        .map(|i| i.reservation.0)
+        .into_iter()
+        .collect()
+}

@@ -1,0 +1,30 @@
+//! The semantics layer: every rule of the three specs, once. Validation, the choice of each
+//! error code, and all bookkeeping (reservations, mappings, access, physical objects, USM
+//! allocations and imports, capacity, in-flight references of queued work, free policies, the
+//! IPC handle format and its exports / imports, managed-memory advice, attributes and
+//! residency) live here, over the backend trait ([`crate::backend::Backend`]); nothing here
+//! makes an OS call or names a backend.
+//!
+//! Modules, each importing only those listed before it (no cycle):
+//!
+//! | module | what |
+//! |---|---|
+//! | [`ranges`] | sorted non-overlapping ranges with split / merge (the bookkeeping structure) |
+//! | [`capacity`] | per-device capacity counters |
+//! | [`vmm`] | reservations, physical memory, mappings, access attributes |
+//! | [`usm`] | host / device / shared allocations, imports of system memory, pending frees |
+//! | [`managed`] | ACL managed memory: advice, prefetch, attributes, residency |
+//! | [`inflight`] | in-flight references of queued work and the frees waiting for them |
+//! | [`driver`] | the state of one driver (the above, the backend, in-flight references) |
+//! | [`queue`] | in-flight references, command validation, submission, free policies |
+//! | [`ipc`] | the IPC handle format, exports, opens, range handles |
+
+pub(crate) mod capacity;
+pub(crate) mod driver;
+pub(crate) mod inflight;
+pub mod ipc;
+pub mod managed;
+pub mod queue;
+pub mod ranges;
+pub mod usm;
+pub mod vmm;

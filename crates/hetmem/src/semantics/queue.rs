@@ -1,0 +1,412 @@
+//! Device queues, command lists, events and fences: the semantics layer.
+//!
+//! Spec: oneAPI Level Zero core "Command Queues and Command Lists" and "Synchronization
+//! Primitives" (`zeCommandQueueCreate`, `zeCommandQueueExecuteCommandLists`,
+//! `zeCommandQueueSynchronize`, `zeCommandListCreate`, `zeCommandListCreateImmediate`,
+//! `zeCommandListAppendMemoryCopy`, `zeCommandListAppendMemoryFill`,
+//! `zeCommandListAppendBarrier`, `zeCommandListAppendSignalEvent`,
+//! `zeCommandListAppendWaitOnEvents`, `zeCommandListClose`, `zeCommandListReset`,
+//! `zeCommandListHostSynchronize`, `zeEventHostSignal`, `zeEventHostSynchronize`,
+//! `zeEventQueryStatus`, `zeEventHostReset`, `zeFenceCreate`, `zeFenceHostSynchronize`,
+//! `zeFenceQueryStatus`, `zeFenceReset`).
+//!
+//! Execution is the backend's ([`crate::backend::Engine`]): each [`CommandQueue`] and each
+//! immediate [`CommandList`] owns one engine (host: a worker thread; CUDA: a stream), so a
+//! device has as many engines as queues. Commands of one queue run in order, one after the
+//! other; different queues run concurrently.
+//!
+//! # Rules (decided here, once)
+//! - **Memory operands** must lie wholly inside memory the driver knows: a USM allocation or
+//!   import (up to the size asked at allocation), an IPC view opened with a context of this
+//!   driver (up to its size; read and write), or mapped pages of one virtual-memory
+//!   reservation whose access allows the operation (source readable: READONLY or READWRITE;
+//!   destination writable: READWRITE). An import recorded read-only cannot be a destination.
+//!   Otherwise the append fails with `InvalidArgument` (null: `InvalidNullPointer`) and
+//!   nothing is appended. Lookups are driver-wide, as `zeMemGetAllocProperties`'s are.
+//! - Operands are checked again when a regular list is executed (the memory may have been
+//!   freed since the append); a failure there is `InvalidArgument` and nothing is submitted.
+//! - A size of 0 is accepted and does nothing; its pointers are still checked.
+//! - **Overlapping copies** (source and destination ranges overlap) are allowed and behave as
+//!   `memmove`: the destination receives the source bytes as they were before the copy.
+//! - **Fill patterns** are 1 to [`MAX_FILL_PATTERN_SIZE`] bytes and a power of two
+//!   (`maxMemoryFillPatternSize` of the queue group), else `InvalidSize`. The fill size need not
+//!   be a multiple of the pattern: byte `i` of the range gets `pattern[i % pattern.len()]`.
+//! - **Barrier**: queues are in order, so a barrier only adds its waits and its signal.
+//! - Appending to a closed list, executing an open list, an immediate list, a list of another
+//!   device, or a fence of another queue is `InvalidArgument`; executing no list is
+//!   `InvalidSize` (`0 == numCommandLists`).
+//! - **Timeouts** are in nanoseconds: 0 only queries, `u64::MAX` waits forever. A wait that
+//!   times out returns [`SyncStatus::NotReady`] (`ZE_RESULT_NOT_READY`, 0x1, a success code),
+//!   not an error.
+//! - **In-flight references**: every submitted batch records the ids of the USM allocations it
+//!   references and holds them until the batch has finished, so the free policies of
+//!   `zeMemFreeExt` can wait for them (`InFlight`): BLOCKING waits, DEFER and free-now hand
+//!   the release to the last batch that references the memory ([`FreePolicy`]).
+//! - **Context teardown** (dropping the last [`Context`] handle) releases its USM memory the
+//!   DEFER way: memory that queued work of another context's queues still references goes
+//!   when that work finishes (its device capacity with it), the rest at once.
+//! - **Virtual memory and IPC views in flight**: a submitted batch also holds a reference on
+//!   each virtual-memory reservation (by base address) and each opened IPC view (by base) that
+//!   its operands touch, until it has finished. `zeVirtualMemUnmap`, `zeVirtualMemFree`,
+//!   `zeVirtualMemSetAccessAttribute`, `zeMemCloseIpcHandle` and context teardown **block**
+//!   until no queued or running work references the reservation / view they change (Level
+//!   Zero leaves this undefined; waiting, as `zeMemFreeExt` BLOCKING does, is the safe choice:
+//!   the engine never touches a page that was unmapped or made inaccessible under it). The
+//!   granularity is the whole reservation: a call on one mapping of a reservation also waits
+//!   for work on another mapping of the same reservation; calls on other reservations, and
+//!   `zeVirtualMemMap` (which cannot touch mapped pages), never wait. Such a call waits without
+//!   holding any lock (it re-checks under the driver's write lock and waits again if new work
+//!   came in), so it cannot block the engines or unrelated calls; it waits forever if the work
+//!   waits on an event that is never signalled, as a BLOCKING free does. Calling one of these
+//!   from an engine's host function, on memory that a later batch of the same engine uses,
+//!   would wait for itself: don't.
+//! - **Lock order**: `usm` -> `vm` -> the IPC view table -> the in-flight table. The completion
+//!   path of a batch takes only the in-flight table (then frees USM memory with no lock held).
+//!
+//! Every type here is `Send + Sync`. Dropping a [`CommandQueue`] or an immediate
+//! [`CommandList`] lets its submitted work finish (a wait on an event that is never signalled
+//! is abandoned after about 10 ms) and joins its engine thread.
+
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::backend::{Engine, EngineOp, EngineSync};
+use crate::error::{Addr, Error, Result};
+use crate::semantics::driver::DriverShared;
+use crate::semantics::inflight::{wait_until, InFlightRef};
+use crate::semantics::usm::UsmState;
+use crate::semantics::vmm::VmState;
+pub use crate::spec::{FreePolicy, SyncStatus};
+
+/// The largest fill pattern in bytes (`maxMemoryFillPatternSize` of
+/// `ze_command_queue_group_properties_t`).
+pub const MAX_FILL_PATTERN_SIZE: usize = 128;
+
+/// One memory operand of a command.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Operand {
+    pub(crate) ptr: usize,
+    pub(crate) size: usize,
+    pub(crate) write: bool,
+}
+
+/// Checks one operand against live memory (see the module docs); returns what it references
+/// (the USM allocation, the reservation or the IPC view).
+pub(crate) fn check_operand(
+    usm: &UsmState,
+    vm: &VmState,
+    views: &crate::ipc::Views<'_>,
+    op: Operand,
+) -> Result<InFlightRef> {
+    let what = if op.write { "destination" } else { "source" };
+    if op.ptr == 0 {
+        return Err(Error::InvalidNullPointer(format!("{what} pointer is null")));
+    }
+    let end = op.ptr.checked_add(op.size).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "{what} {} + {:#x} overflows",
+            Addr(op.ptr),
+            op.size
+        ))
+    })?;
+    if let Some((base, size, id, read_only)) = usm.operand_info(op.ptr) {
+        if end > base + size {
+            return Err(Error::InvalidArgument(format!(
+                "{what} [{}, {}) runs past the end {} of its allocation at {}",
+                Addr(op.ptr),
+                Addr(end),
+                Addr(base + size),
+                Addr(base)
+            )));
+        }
+        if op.write && read_only {
+            return Err(Error::InvalidArgument(format!(
+                "{what} {} is in an import recorded read-only",
+                Addr(op.ptr)
+            )));
+        }
+        return Ok(InFlightRef::Usm(id));
+    }
+    if let Some((base, size)) = views.range(op.ptr) {
+        // Views are mapped read-write for their whole size (see `crate::ipc`).
+        if end > base + size {
+            return Err(Error::InvalidArgument(format!(
+                "{what} [{}, {}) runs past the end {} of the IPC view at {}",
+                Addr(op.ptr),
+                Addr(end),
+                Addr(base + size),
+                Addr(base)
+            )));
+        }
+        return Ok(InFlightRef::View(base));
+    }
+    match vm.check_device_access(op.ptr, end, op.write) {
+        Some(Ok(())) => match vm.pointer_info(op.ptr) {
+            Some(info) => Ok(InFlightRef::Reservation(info.reservation.0)),
+            None => Err(Error::InvalidArgument(format!(
+                "{what} {} is not inside a reservation",
+                Addr(op.ptr)
+            ))),
+        },
+        Some(Err(why)) => Err(Error::InvalidArgument(format!("{what}: {why}"))),
+        None => Err(Error::InvalidArgument(format!(
+            "{what} {} is not inside a USM allocation, an import, an opened IPC view or a \
+             virtual-memory reservation",
+            Addr(op.ptr)
+        ))),
+    }
+}
+
+/// Checks every operand under the driver's read locks and the IPC view table (usm, vm, views:
+/// the lock order); if `hold`, records the in-flight references before the locks are dropped,
+/// so no free, unmap or close can slip in between.
+pub(crate) fn check_all(d: &DriverShared, cmds: &[Cmd], hold: bool) -> Result<Vec<InFlightRef>> {
+    let usm = d.usm.read();
+    let vm = d.vm.read();
+    let views = crate::ipc::views(d);
+    let mut ids = Vec::new();
+    for c in cmds {
+        for op in c.operands() {
+            ids.push(check_operand(&usm, &vm, &views, op)?);
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    if hold {
+        d.inflight.acquire(&ids);
+    }
+    Ok(ids)
+}
+
+/// A recorded command.
+#[derive(Debug, Clone)]
+pub(crate) enum Cmd {
+    Copy {
+        dst: usize,
+        src: usize,
+        size: usize,
+    },
+    Fill {
+        ptr: usize,
+        pattern: Vec<u8>,
+        size: usize,
+    },
+    /// Signals an event's sync object.
+    Signal(Arc<dyn EngineSync>),
+    /// Waits for every one of these events' sync objects.
+    Wait(Vec<Arc<dyn EngineSync>>),
+}
+
+impl Cmd {
+    /// The memory operands of the command (at most two; no allocation on the submit path).
+    pub(crate) fn operands(&self) -> impl Iterator<Item = Operand> {
+        let ops = match *self {
+            Cmd::Copy { dst, src, size } => [
+                Some(Operand {
+                    ptr: dst,
+                    size,
+                    write: true,
+                }),
+                Some(Operand {
+                    ptr: src,
+                    size,
+                    write: false,
+                }),
+            ],
+            Cmd::Fill { ptr, size, .. } => [
+                Some(Operand {
+                    ptr,
+                    size,
+                    write: true,
+                }),
+                None,
+            ],
+            Cmd::Signal(_) | Cmd::Wait(_) => [None, None],
+        };
+        ops.into_iter().flatten()
+    }
+}
+
+pub(crate) fn engine_ops(cmds: &[Cmd]) -> Vec<EngineOp> {
+    let mut ops = Vec::with_capacity(cmds.len() + 1);
+    for c in cmds {
+        match c {
+            &Cmd::Copy { dst, src, size } => ops.push(EngineOp::Copy { dst, src, size }),
+            Cmd::Fill { ptr, pattern, size } => ops.push(EngineOp::Fill {
+                ptr: *ptr,
+                pattern: pattern.clone(),
+                size: *size,
+            }),
+            Cmd::Signal(e) => ops.push(EngineOp::Signal(e.clone())),
+            // One wait per event: the batch goes on once all are signalled.
+            Cmd::Wait(evs) => ops.extend(evs.iter().map(|e| EngineOp::Wait(e.clone()))),
+        }
+    }
+    ops
+}
+
+/// The commands of one append: waits, the operation, the signal.
+pub(crate) fn with_events(
+    core: Option<Cmd>,
+    signal: Option<&Arc<dyn EngineSync>>,
+    wait: &[&Arc<dyn EngineSync>],
+) -> Vec<Cmd> {
+    let mut v = Vec::with_capacity(3);
+    if !wait.is_empty() {
+        v.push(Cmd::Wait(wait.iter().map(|&e| e.clone()).collect()));
+    }
+    v.extend(core);
+    if let Some(e) = signal {
+        v.push(Cmd::Signal(e.clone()));
+    }
+    v
+}
+
+pub(crate) fn check_pattern(pattern: &[u8]) -> Result<()> {
+    let n = pattern.len();
+    if n == 0 || n > MAX_FILL_PATTERN_SIZE || !n.is_power_of_two() {
+        return Err(Error::InvalidSize(format!(
+            "fill pattern of {n} bytes is not a power of two from 1 to {MAX_FILL_PATTERN_SIZE}"
+        )));
+    }
+    Ok(())
+}
+
+/// Submitted / completed batch counters of one engine.
+#[derive(Debug, Default)]
+pub(crate) struct Progress {
+    pub(crate) counts: Mutex<(u64, u64)>,
+    pub(crate) cv: Condvar,
+}
+
+/// One engine and its bookkeeping: what a queue and an immediate list share.
+#[derive(Debug)]
+pub(crate) struct Submitter {
+    pub(crate) driver: Arc<DriverShared>,
+    pub(crate) progress: Arc<Progress>,
+    // Dropped last: joins the engine thread after the rest is gone.
+    pub(crate) engine: Box<dyn Engine>,
+}
+
+impl Submitter {
+    pub(crate) fn new(driver: Arc<DriverShared>, device: u32) -> Result<Submitter> {
+        let engine = driver.backend.create_engine(device)?;
+        Ok(Submitter {
+            driver,
+            progress: Arc::default(),
+            engine,
+        })
+    }
+
+    /// Validates `cmds`, holds their references and submits them as one batch.
+    pub(crate) fn submit(&self, cmds: &[Cmd], fence: Option<Arc<dyn EngineSync>>) -> Result<()> {
+        let ids = check_all(&self.driver, cmds, true)?;
+        let mut ops = engine_ops(cmds);
+        let driver = self.driver.clone();
+        let progress = self.progress.clone();
+        ops.push(EngineOp::Host(Box::new(move || {
+            for p in driver.inflight.release(&ids) {
+                p.finish(driver.backend.as_ref());
+            }
+            if let Some(f) = fence {
+                f.signal();
+            }
+            progress.counts.lock().1 += 1;
+            progress.cv.notify_all();
+        })));
+        self.progress.counts.lock().0 += 1;
+        // SAFETY: every operand was checked against live memory with the right access, and the
+        // USM allocations it references are held in flight until the batch's last op has run.
+        unsafe { self.engine.submit(ops) };
+        Ok(())
+    }
+
+    /// Queues a host function after everything submitted before, counted as one batch (for
+    /// stream-ordered managed-memory work, [`crate::managed::Stream`]).
+    pub(crate) fn submit_host(&self, f: Box<dyn FnOnce() + Send>) {
+        let progress = self.progress.clone();
+        let ops = vec![
+            EngineOp::Host(f),
+            EngineOp::Host(Box::new(move || {
+                progress.counts.lock().1 += 1;
+                progress.cv.notify_all();
+            })),
+        ];
+        self.progress.counts.lock().0 += 1;
+        // SAFETY: no memory operation; host functions only.
+        unsafe { self.engine.submit(ops) };
+    }
+
+    /// Waits for every batch submitted before the call.
+    pub(crate) fn synchronize(&self, timeout_ns: u64) -> SyncStatus {
+        let target = self.progress.counts.lock().0;
+        SyncStatus::of(wait_until(
+            &self.progress.counts,
+            &self.progress.cv,
+            timeout_ns,
+            |c| c.1 >= target,
+        ))
+    }
+}
+
+/// An operand's in-flight reference, released on drop ([`CommandQueue::hold_operand`]).
+#[derive(Debug)]
+pub(crate) struct HeldOperand {
+    pub(crate) driver: Arc<DriverShared>,
+    pub(crate) r: InFlightRef,
+}
+
+impl Drop for HeldOperand {
+    fn drop(&mut self) {
+        for p in self.driver.inflight.release(&[self.r]) {
+            p.finish(self.driver.backend.as_ref());
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Recorded {
+    pub(crate) cmds: Vec<Cmd>,
+    pub(crate) closed: bool,
+}
+
+#[derive(Debug)]
+pub(crate) enum ListKind {
+    Regular(Mutex<Recorded>),
+    Immediate(Submitter),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AllocDesc, Runtime};
+
+    #[test]
+    fn in_flight_references_last_until_the_batch_finishes() {
+        let rt = Runtime::builder()
+            .host_devices(1)
+            .host_device_memory(256 << 20)
+            .build()
+            .unwrap();
+        let dev = rt.driver().device(0).unwrap();
+        let ctx = rt.driver().create_context().unwrap();
+        let a = ctx.alloc_device(&dev, &AllocDesc::new(64 << 20)).unwrap();
+        let b = ctx.alloc_host(&AllocDesc::new(64 << 20)).unwrap();
+        let ia = ctx.get_allocation_properties(a).unwrap().id;
+        let q = ctx.create_command_queue(&dev).unwrap();
+        let l = ctx.create_command_list(&dev).unwrap();
+        let gate = ctx.create_event().unwrap();
+        l.append_memory_copy(a, b, 64 << 20, None, &[&gate])
+            .unwrap();
+        l.close().unwrap();
+        let inflight = &rt.driver().shared.inflight;
+        assert!(!inflight.is_referenced_ref(InFlightRef::Usm(ia)));
+        q.execute_command_lists(&[&l], None).unwrap();
+        assert!(inflight.is_referenced_ref(InFlightRef::Usm(ia)));
+        gate.host_signal().unwrap();
+        inflight.wait_unreferenced(ia);
+        assert!(!inflight.is_referenced_ref(InFlightRef::Usm(ia)));
+        assert_eq!(q.synchronize(u64::MAX).unwrap(), SyncStatus::Ready);
+    }
+}

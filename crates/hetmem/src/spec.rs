@@ -1,0 +1,518 @@
+//! Every spec enumeration, flag set and structure-type constant hetmem decodes, in one place:
+//! the values of the published Level Zero headers (`ze_api.h`, API 1.17; see
+//! `shared/spec/level-zero-facts.md`) and of the CANN ACL headers (`acl_rt.h`), each with its
+//! decoder from the raw C value. A C ABI turns its descriptors and `pNext` chains into these
+//! types and nothing else; the rules that use them live in the semantics modules.
+
+use crate::error::{Error, Result};
+
+/// Page access attribute (`ze_memory_access_attribute_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u32)]
+pub enum AccessAttribute {
+    /// `ZE_MEMORY_ACCESS_ATTRIBUTE_NONE` (0): inaccessible; any access faults.
+    #[default]
+    None = 0,
+    /// `ZE_MEMORY_ACCESS_ATTRIBUTE_READWRITE` (1).
+    ReadWrite = 1,
+    /// `ZE_MEMORY_ACCESS_ATTRIBUTE_READONLY` (2): writes fault.
+    ReadOnly = 2,
+}
+
+impl AccessAttribute {
+    /// Decodes the C value. Values over READONLY are `InvalidEnumeration`.
+    pub fn from_raw(v: u32) -> Result<AccessAttribute> {
+        match v {
+            0 => Ok(AccessAttribute::None),
+            1 => Ok(AccessAttribute::ReadWrite),
+            2 => Ok(AccessAttribute::ReadOnly),
+            _ => Err(Error::InvalidEnumeration(format!(
+                "access attribute {v} is not NONE (0), READWRITE (1) or READONLY (2)"
+            ))),
+        }
+    }
+}
+
+/// `ze_physical_mem_flags_t`: where a physical memory object is allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PhysicalMemoryFlags {
+    /// `ZE_PHYSICAL_MEM_FLAG_ALLOCATE_ON_DEVICE` (1 << 0, and the default 0).
+    #[default]
+    AllocateOnDevice,
+    /// `ZE_PHYSICAL_MEM_FLAG_ALLOCATE_ON_HOST` (1 << 1).
+    AllocateOnHost,
+}
+
+impl PhysicalMemoryFlags {
+    /// Decodes the C flags: over 0x3 is `InvalidEnumeration`, both bits at once is
+    /// `InvalidArgument`.
+    pub fn from_raw(v: u32) -> Result<PhysicalMemoryFlags> {
+        match v {
+            0 | 1 => Ok(PhysicalMemoryFlags::AllocateOnDevice),
+            2 => Ok(PhysicalMemoryFlags::AllocateOnHost),
+            3 => Err(Error::InvalidArgument(
+                "physical memory flags 0x3 ask for both ALLOCATE_ON_DEVICE and ALLOCATE_ON_HOST"
+                    .into(),
+            )),
+            _ => Err(Error::InvalidEnumeration(format!(
+                "physical memory flags {v:#x} exceed 0x3"
+            ))),
+        }
+    }
+}
+
+/// `ze_memory_type_t`: what kind of memory a pointer points into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u32)]
+pub enum MemoryType {
+    /// `ZE_MEMORY_TYPE_UNKNOWN` (0): not memory this driver knows.
+    #[default]
+    Unknown = 0,
+    /// `ZE_MEMORY_TYPE_HOST` (1): `zeMemAllocHost`.
+    Host = 1,
+    /// `ZE_MEMORY_TYPE_DEVICE` (2): `zeMemAllocDevice`, or device physical memory mapped in a
+    /// virtual-memory reservation.
+    Device = 2,
+    /// `ZE_MEMORY_TYPE_SHARED` (3): `zeMemAllocShared`.
+    Shared = 3,
+    /// `ZE_MEMORY_TYPE_HOST_IMPORTED` (4): imported system memory.
+    HostImported = 4,
+}
+
+/// `ze_memory_compression_hints_ext_flag_t`, one of its two flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CompressionHint {
+    /// `ZE_MEMORY_COMPRESSION_HINTS_EXT_FLAG_COMPRESSED` (1 << 0).
+    Compressed,
+    /// `ZE_MEMORY_COMPRESSION_HINTS_EXT_FLAG_UNCOMPRESSED` (1 << 1).
+    Uncompressed,
+}
+
+impl CompressionHint {
+    /// Decodes the descriptor's flags, which must be exactly one flag ("Must be set to one of
+    /// the ze_memory_compression_hints_ext_flag_t"). Anything else (0, both bits, other bits) is
+    /// `UnsupportedEnumeration`, the reference driver's answer (`prepareL0StructuresLookupTable`).
+    pub fn from_raw(flags: u32) -> Result<CompressionHint> {
+        match flags {
+            1 => Ok(CompressionHint::Compressed),
+            2 => Ok(CompressionHint::Uncompressed),
+            _ => Err(Error::UnsupportedEnumeration(format!(
+                "compression hint flags {flags:#x} are not exactly one of COMPRESSED (0x1) or \
+                 UNCOMPRESSED (0x2)"
+            ))),
+        }
+    }
+
+    /// The C flag value.
+    pub fn raw(self) -> u32 {
+        match self {
+            CompressionHint::Compressed => 1,
+            CompressionHint::Uncompressed => 2,
+        }
+    }
+}
+
+/// `ZE_STRUCTURE_TYPE_RELAXED_ALLOCATION_LIMITS_EXT_DESC` (0x10016), the extension form.
+pub const RELAXED_LIMITS_EXT_STYPE: u32 = 0x10016;
+
+/// `ZE_STRUCTURE_TYPE_RELAXED_ALLOCATION_LIMITS_EXP_DESC` (0x00020001), the experimental form
+/// (same layout: `stype`, `pNext`, `flags`).
+pub const RELAXED_LIMITS_EXP_STYPE: u32 = 0x0002_0001;
+
+/// Whether a descriptor chained on an allocation descriptor is relaxed allocation limits, in
+/// either form ([`RELAXED_LIMITS_EXT_STYPE`] or [`RELAXED_LIMITS_EXP_STYPE`]); its flags then go
+/// to [`relaxed_max_size_from_raw`].
+pub fn is_relaxed_limits_stype(stype: u32) -> bool {
+    stype == RELAXED_LIMITS_EXT_STYPE || stype == RELAXED_LIMITS_EXP_STYPE
+}
+
+/// Decodes `ze_relaxed_allocation_limits_ext_flags_t` (and the experimental form): returns
+/// whether MAX_SIZE (1 << 0) is set. Bits over 0x1 are `InvalidEnumeration`; a chained
+/// descriptor without MAX_SIZE is `InvalidArgument` (reference driver, `allocHostMem`).
+///
+/// **flags = 0** is `InvalidArgument`, not "no relaxation": the spec's field text ("must be 0
+/// (default) or a valid combination") is the generic wording of every flags field, but the
+/// reference driver (intel/compute-runtime: `ContextImp::allocHostMem`,
+/// `ContextImp::allocSharedMem`, and `prepareL0StructuresLookupTable` for device allocations)
+/// answers a chained relaxed-limits descriptor without `MAX_SIZE` with
+/// `ZE_RESULT_ERROR_INVALID_ARGUMENT`. To ask for no relaxation, chain no descriptor.
+pub fn relaxed_max_size_from_raw(flags: u32) -> Result<bool> {
+    match flags {
+        1 => Ok(true),
+        0 => Err(Error::InvalidArgument(
+            "relaxed allocation limits flags 0x0 lack MAX_SIZE (0x1); chain no descriptor for \
+             no relaxation"
+                .into(),
+        )),
+        _ => Err(Error::InvalidEnumeration(format!(
+            "relaxed allocation limits flags {flags:#x} exceed 0x1"
+        ))),
+    }
+}
+
+/// Decodes a raw relaxed-allocation-limits descriptor chained on an allocation descriptor
+/// (`ze_relaxed_allocation_limits_ext_desc_t` or its experimental form
+/// `ze_relaxed_allocation_limits_exp_desc_t`; same layout: `stype`, `pNext`, `flags`) from its
+/// `stype` and `flags` fields, for the C ABI; the result goes to
+/// [`AllocDesc::relaxed_max_size`].
+///
+/// - `stype` must be [`RELAXED_LIMITS_EXT_STYPE`] (0x10016) or [`RELAXED_LIMITS_EXP_STYPE`]
+///   (0x00020001) ([`is_relaxed_limits_stype`]); any other is `UnsupportedEnumeration`, the
+///   reference driver's answer for a chained descriptor it does not know
+///   (`prepareL0StructuresLookupTable`);
+/// - then the flags as [`relaxed_max_size_from_raw`]: `1` (MAX_SIZE) -> `Ok(true)`; `0` ->
+///   `InvalidArgument` (see there: the reference driver's answer, not "no relaxation"); bits
+///   over 0x1 -> `InvalidEnumeration`.
+///
+/// ```
+/// use hetmem::usm::relaxed_limits_from_desc;
+/// assert_eq!(relaxed_limits_from_desc(0x10016, 1), Ok(true));
+/// assert_eq!(relaxed_limits_from_desc(0x0002_0001, 1), Ok(true));
+/// assert!(relaxed_limits_from_desc(0x10016, 0).is_err());
+/// ```
+pub fn relaxed_limits_from_desc(stype: u32, flags: u32) -> Result<bool> {
+    if !is_relaxed_limits_stype(stype) {
+        return Err(Error::UnsupportedEnumeration(format!(
+            "descriptor stype {stype:#x} is neither \
+             ZE_STRUCTURE_TYPE_RELAXED_ALLOCATION_LIMITS_EXT_DESC ({RELAXED_LIMITS_EXT_STYPE:#x}) \
+             nor its experimental form ({RELAXED_LIMITS_EXP_STYPE:#x})"
+        )));
+    }
+    relaxed_max_size_from_raw(flags)
+}
+
+/// `ze_ipc_memory_flags_t` bits (the `flags` of `zeMemOpenIpcHandle`):
+/// `ZE_IPC_MEMORY_FLAG_BIAS_CACHED`.
+pub const IPC_MEMORY_FLAG_BIAS_CACHED: u32 = 1 << 0;
+
+/// `ZE_IPC_MEMORY_FLAG_BIAS_UNCACHED`.
+pub const IPC_MEMORY_FLAG_BIAS_UNCACHED: u32 = 1 << 1;
+
+/// What a handle shares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum IpcHandleKind {
+    /// A host / device / shared allocation (`zeMemGetIpcHandle` on a USM pointer).
+    Allocation = 1,
+    /// One physical memory object (a mapped VA, or the object itself).
+    Physical = 2,
+    /// A VA range of several physical objects (`ze_ipc_phys_mem_handle_range_ext_desc_t`).
+    Range = 3,
+}
+
+/// `ze_ipc_mem_handle_type_flags_t`, the `typeFlags` of `ze_ipc_mem_handle_type_ext_desc_t`
+/// (memory extensions, `ZE_extension_ipc_mem_handle_type`): which handle types memory must
+/// support, or which type a get asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IpcHandleTypes(u32);
+
+impl IpcHandleTypes {
+    /// `ZE_IPC_MEM_HANDLE_TYPE_FLAG_DEFAULT` (1 << 0): an fd-backed handle for this node.
+    pub const DEFAULT: IpcHandleTypes = IpcHandleTypes(1);
+    /// `ZE_IPC_MEM_HANDLE_TYPE_FLAG_FABRIC_ACCESSIBLE` (1 << 1): shareable over a fabric.
+    pub const FABRIC_ACCESSIBLE: IpcHandleTypes = IpcHandleTypes(2);
+
+    /// Decodes the C flags (`typeFlags`): bits over 0x3 are `InvalidEnumeration` naming the
+    /// value; 0 is taken as DEFAULT (the spec is silent; zero-initialised descriptors are
+    /// common).
+    pub fn from_raw(v: u32) -> Result<IpcHandleTypes> {
+        match v {
+            0 => Ok(IpcHandleTypes::DEFAULT),
+            1..=3 => Ok(IpcHandleTypes(v)),
+            _ => Err(Error::InvalidEnumeration(format!(
+                "IPC handle type flags {v:#x} exceed DEFAULT | FABRIC_ACCESSIBLE (0x3)"
+            ))),
+        }
+    }
+    /// The C flags.
+    pub fn raw(self) -> u32 {
+        self.0
+    }
+    /// Whether every type of `other` is in `self`.
+    pub fn contains(self, other: IpcHandleTypes) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+/// The chained descriptors of `zeMemGetIpcHandleWithProperties`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IpcProperties {
+    /// `ze_ipc_mem_handle_type_ext_desc_t` chained: the handle type asked.
+    pub handle_types: Option<IpcHandleTypes>,
+    /// `ze_ipc_phys_mem_handle_range_ext_desc_t` chained: the size in bytes of the range
+    /// starting at `ptr`.
+    pub range_size: Option<usize>,
+}
+
+/// The outcome of a query or a wait with a timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SyncStatus {
+    /// `ZE_RESULT_SUCCESS`: signalled / finished.
+    Ready,
+    /// `ZE_RESULT_NOT_READY` (0x1): not yet (the timeout expired first). A success code in
+    /// Level Zero, so not an [`Error`].
+    NotReady,
+}
+
+impl SyncStatus {
+    /// The `ze_result_t` value: 0 for `Ready`, 1 for `NotReady`.
+    pub fn ze_result(self) -> u32 {
+        match self {
+            SyncStatus::Ready => 0,
+            SyncStatus::NotReady => 1,
+        }
+    }
+
+    pub(crate) fn of(ready: bool) -> SyncStatus {
+        if ready {
+            SyncStatus::Ready
+        } else {
+            SyncStatus::NotReady
+        }
+    }
+}
+
+/// `ze_driver_memory_free_policy_ext_flags_t`: how `zeMemFreeExt` frees memory that queued
+/// or running work may still reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FreePolicy {
+    /// 0 (default): free now. The pointer is invalid and the device capacity back at once; if
+    /// work still references the memory, its pages stay mapped to it (so no later allocation
+    /// can be given that address and the engine never touches anyone else's memory) until that
+    /// work finishes, then go.
+    Immediate,
+    /// `ZE_DRIVER_MEMORY_FREE_POLICY_EXT_FLAG_BLOCKING_FREE` (1 << 0): waits until every queued
+    /// or running command that references the memory has finished, then frees it.
+    Blocking,
+    /// `ZE_DRIVER_MEMORY_FREE_POLICY_EXT_FLAG_DEFER_FREE` (1 << 1): returns at once; the
+    /// pointer is invalid at once, and the memory and device capacity are released when the
+    /// work that references it finishes.
+    Defer,
+}
+
+impl FreePolicy {
+    /// The policies this driver supports, as `ze_driver_memory_free_ext_properties_t`'s
+    /// `freePolicies` reports them: BLOCKING_FREE | DEFER_FREE (0x3).
+    pub const SUPPORTED: u32 = 0x3;
+
+    /// Decodes the descriptor's `freePolicy`: 0, 1, 2; 3 (both flags) is taken as BLOCKING,
+    /// which also meets DEFER's promise that nothing is freed under running work. Values over
+    /// 0x3 are `InvalidEnumeration` (the validation layer's `0x3 < freePolicy`).
+    pub fn from_raw(flags: u32) -> Result<FreePolicy> {
+        match flags {
+            0 => Ok(FreePolicy::Immediate),
+            1 | 3 => Ok(FreePolicy::Blocking),
+            2 => Ok(FreePolicy::Defer),
+            _ => Err(Error::InvalidEnumeration(format!(
+                "free policy {flags:#x} exceeds 0x3 (BLOCKING_FREE | DEFER_FREE)"
+            ))),
+        }
+    }
+
+    /// `ZE_STRUCTURE_TYPE_MEMORY_FREE_EXT_DESC` (0x1000a): the stype of
+    /// `ze_memory_free_ext_desc_t`.
+    pub const DESC_STYPE: u32 = 0x1000a;
+
+    /// `ZE_STRUCTURE_TYPE_DRIVER_MEMORY_FREE_EXT_PROPERTIES` (0x10009): the stype of the
+    /// driver's free-policy properties, which the conformance suite puts in the free
+    /// descriptor; accepted there too.
+    pub const PROPERTIES_STYPE: u32 = 0x10009;
+
+    /// Decodes a raw `ze_memory_free_ext_desc_t` (`zeMemFreeExt`'s `pMemFreeDesc`): its `stype`
+    /// and `freePolicy` fields, for the C ABI.
+    ///
+    /// - `free_policy` over 0x3 -> `InvalidEnumeration`, checked first, as the loader's
+    ///   parameter-validation layer does (`0x3 < pMemFreeDesc->freePolicy`);
+    /// - `stype` must be [`FreePolicy::DESC_STYPE`] (0x1000a) or, as the conformance suite
+    ///   sends it, [`FreePolicy::PROPERTIES_STYPE`] (0x10009); any other is `InvalidArgument`,
+    ///   the validation layer's answer for a descriptor of the wrong base type
+    ///   (`validateStructureTypes`; the reference driver itself does not read `stype`);
+    /// - then the policy as [`FreePolicy::from_raw`].
+    pub fn from_desc(stype: u32, free_policy: u32) -> Result<FreePolicy> {
+        if free_policy > Self::SUPPORTED {
+            return FreePolicy::from_raw(free_policy);
+        }
+        if stype != Self::DESC_STYPE && stype != Self::PROPERTIES_STYPE {
+            return Err(Error::InvalidArgument(format!(
+                "free descriptor stype {stype:#x} is not ZE_STRUCTURE_TYPE_MEMORY_FREE_EXT_DESC \
+                 ({:#x})",
+                Self::DESC_STYPE
+            )));
+        }
+        FreePolicy::from_raw(free_policy)
+    }
+
+    /// The C flag value.
+    pub fn raw(self) -> u32 {
+        match self {
+            FreePolicy::Immediate => 0,
+            FreePolicy::Blocking => 1,
+            FreePolicy::Defer => 2,
+        }
+    }
+}
+
+/// `ACL_RT_MEM_ATTACH_GLOBAL`, the only flag `aclrtMemAllocManaged` accepts.
+pub const ACL_RT_MEM_ATTACH_GLOBAL: u32 = 0x01;
+
+/// `aclrtMemManagedAdviseType`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Advice {
+    /// `SET_READ_MOSTLY` (0): the location is ignored; every page gets a read-only host copy
+    /// at once (besides any device copy).
+    SetReadMostly,
+    /// `UNSET_READ_MOSTLY` (1): the copies collapse to one, writable, at the location (INVALID
+    /// means the host).
+    UnsetReadMostly,
+    /// `SET_PREFERRED_LOCATION` (2). To the host (or a NUMA node), pages not read-mostly: fails
+    /// if any is on a device, else every page is populated on the host at once. To device `d`:
+    /// fails if any page not read-mostly is on the host or another device, else they are
+    /// populated on `d` at once. Read-mostly pages: to the host nothing moves; to a device they
+    /// get a read-only copy there. Pages preferring a device are evicted from it last.
+    SetPreferredLocation,
+    /// `UNSET_PREFERRED_LOCATION` (3): forgets the preference (location ignored).
+    UnsetPreferredLocation,
+    /// `SET_ACCESSED_BY` (4): records the location; pages whose preferred location is the same
+    /// place are populated (mapped) there at once.
+    SetAccessedBy,
+    /// `UNSET_ACCESSED_BY` (5): removes the location from the record.
+    UnsetAccessedBy,
+}
+
+impl Advice {
+    /// From the ACL value 0..=5.
+    ///
+    /// Errors: `UnsupportedEnumeration` (107000) for any other value.
+    pub fn from_raw(v: u32) -> Result<Advice> {
+        Ok(match v {
+            0 => Advice::SetReadMostly,
+            1 => Advice::UnsetReadMostly,
+            2 => Advice::SetPreferredLocation,
+            3 => Advice::UnsetPreferredLocation,
+            4 => Advice::SetAccessedBy,
+            5 => Advice::UnsetAccessedBy,
+            _ => {
+                return Err(Error::UnsupportedEnumeration(format!(
+                    "advice {v} is not an aclrtMemManagedAdviseType (0..=5)"
+                )))
+            }
+        })
+    }
+    /// The ACL value (`aclrtMemManagedAdviseType`, 0..=5).
+    pub fn raw(self) -> u32 {
+        self as u32
+    }
+}
+
+/// `aclrtMemManagedLocation`: where advice or a prefetch points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Location {
+    /// `ACL_MEM_LOCATIONTYPE_INVALID` (0): only meaningful for `UNSET_READ_MOSTLY` (the host).
+    Invalid,
+    /// `ACL_MEM_LOCATIONTYPE_DEVICE` (1) with the device id.
+    Device(u32),
+    /// `ACL_MEM_LOCATIONTYPE_HOST` (2); the id is ignored.
+    Host,
+    /// `ACL_MEM_LOCATIONTYPE_HOST_NUMA` (3) with a NUMA node id of this machine.
+    HostNuma(u32),
+    /// `ACL_MEM_LOCATIONTYPE_HOST_NUMA_CURRENT` (4): the calling thread's NUMA node, resolved
+    /// when the call is made.
+    HostNumaCurrent,
+}
+
+/// `aclrtMemManagedLocationType` values.
+pub mod location_type {
+    /// `ACL_MEM_LOCATIONTYPE_INVALID`.
+    pub const INVALID: u32 = 0;
+    /// `ACL_MEM_LOCATIONTYPE_DEVICE`.
+    pub const DEVICE: u32 = 1;
+    /// `ACL_MEM_LOCATIONTYPE_HOST`.
+    pub const HOST: u32 = 2;
+    /// `ACL_MEM_LOCATIONTYPE_HOST_NUMA`.
+    pub const HOST_NUMA: u32 = 3;
+    /// `ACL_MEM_LOCATIONTYPE_HOST_NUMA_CURRENT`.
+    pub const HOST_NUMA_CURRENT: u32 = 4;
+}
+
+impl Location {
+    /// From `struct aclrtMemManagedLocation { type; id; }`. The id is only read for DEVICE and
+    /// HOST_NUMA; whether it names a real device / node is checked by the call that uses it.
+    ///
+    /// Errors: `UnsupportedEnumeration` (107000) for a type over 4; `InvalidArgument` (107000)
+    /// for a negative id of DEVICE / HOST_NUMA.
+    pub fn from_raw(ty: u32, id: i32) -> Result<Location> {
+        let nonneg = |what: &str| {
+            u32::try_from(id)
+                .map_err(|_| Error::InvalidArgument(format!("{what} id {id} is negative")))
+        };
+        Ok(match ty {
+            location_type::INVALID => Location::Invalid,
+            location_type::DEVICE => Location::Device(nonneg("device")?),
+            location_type::HOST => Location::Host,
+            location_type::HOST_NUMA => Location::HostNuma(nonneg("NUMA node")?),
+            location_type::HOST_NUMA_CURRENT => Location::HostNumaCurrent,
+            _ => {
+                return Err(Error::UnsupportedEnumeration(format!(
+                    "location type {ty} is not an aclrtMemManagedLocationType (0..=4)"
+                )))
+            }
+        })
+    }
+}
+
+/// `aclrtMemManagedRangeAttribute` (values 1..=8; see the English summary of the spec page).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RangeAttribute {
+    /// 1: 1 if every page of the range is read-mostly, else 0. dataSize 4.
+    ReadMostly = 1,
+    /// 2: the device / NUMA id every page prefers, -1 if all prefer the host, else -2.
+    PreferredLocation = 2,
+    /// 3: the ids (device, -1 host, NUMA node) advised `SET_ACCESSED_BY` over the whole range;
+    /// extra slots -2, a short buffer gets as many as fit. dataSize a non-zero multiple of 4.
+    AccessedBy = 3,
+    /// 4: the location type every page prefers, else INVALID. dataSize 4.
+    PreferredLocationType = 4,
+    /// 5: the device / NUMA id every page prefers, else -2. dataSize 4.
+    PreferredLocationId = 5,
+    /// 6: where the whole range was last prefetched (requested): id, -1 host, else -2.
+    LastPrefetchLocation = 6,
+    /// 7: the type of the last prefetch location shared by every page, else INVALID.
+    LastPrefetchLocationType = 7,
+    /// 8: the id of the last prefetch location shared by every page, else -2.
+    LastPrefetchLocationId = 8,
+}
+
+impl RangeAttribute {
+    /// From the ACL value 1..=8.
+    ///
+    /// Errors: `UnsupportedEnumeration` (107000) for any other value.
+    pub fn from_raw(v: u32) -> Result<RangeAttribute> {
+        use RangeAttribute::*;
+        Ok(match v {
+            1 => ReadMostly,
+            2 => PreferredLocation,
+            3 => AccessedBy,
+            4 => PreferredLocationType,
+            5 => PreferredLocationId,
+            6 => LastPrefetchLocation,
+            7 => LastPrefetchLocationType,
+            8 => LastPrefetchLocationId,
+            _ => {
+                return Err(Error::UnsupportedEnumeration(format!(
+                    "attribute {v} is not an aclrtMemManagedRangeAttribute (1..=8)"
+                )))
+            }
+        })
+    }
+    /// All eight, in value order.
+    pub const ALL: [RangeAttribute; 8] = [
+        RangeAttribute::ReadMostly,
+        RangeAttribute::PreferredLocation,
+        RangeAttribute::AccessedBy,
+        RangeAttribute::PreferredLocationType,
+        RangeAttribute::PreferredLocationId,
+        RangeAttribute::LastPrefetchLocation,
+        RangeAttribute::LastPrefetchLocationType,
+        RangeAttribute::LastPrefetchLocationId,
+    ];
+}
