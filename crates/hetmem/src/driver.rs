@@ -513,7 +513,9 @@ impl Context {
         )
     }
 
-    /// Destroys a physical memory object (`zePhysicalMemDestroy`).
+    /// Destroys a physical memory object (`zePhysicalMemDestroy`). Its device capacity comes
+    /// back at once, or, while an IPC export of it is live (or a view of it open in this
+    /// process), when the last of those is put or closed.
     ///
     /// Errors: `HandleObjectInUse` while any page of it is mapped (nothing changes);
     /// `InvalidArgument` for a handle that is not live in this context.
@@ -688,7 +690,9 @@ impl Context {
     }
 
     /// Frees an allocation or releases an import (`zeMemFree`, free now). `ptr` must be the
-    /// base of a live allocation or import of this context. Device capacity comes back at once;
+    /// base of a live allocation or import of this context. Device capacity comes back at once
+    /// (while an IPC export of it is live, or a view of it open in this process: when the last
+    /// of those is put or closed);
     /// if queued work still references the memory, the memory itself goes when that work
     /// finishes ([`crate::queue::FreePolicy::Immediate`]).
     ///

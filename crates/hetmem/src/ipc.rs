@@ -59,6 +59,10 @@
 //!   extension's note). Memory created with a handle-type descriptor supports only the types
 //!   chained there; asking later for another -> `UnsupportedFeature` (the same note: the driver
 //!   cannot provide that handle type for that memory).
+//! - Capacity: memory kept alive by a live export, or by a view opened in this process, still
+//!   counts against its device's capacity after the memory is destroyed or freed; the
+//!   capacity comes back when the last export or view of it is put or closed (each holds the
+//!   memory's charge, `crate::capacity`).
 //! - Range (`range_size` set): null -> `InvalidNullPointer`; size 0 -> `InvalidSize`;
 //!   `ptr` / size not multiples of the OS page -> `UnsupportedAlignment` / `UnsupportedSize`
 //!   (the spec is silent; mappings are page-granular); then, over the whole range:
@@ -92,6 +96,7 @@ use parking_lot::Mutex;
 
 use crate::backend::host::ipc as transport;
 use crate::backend::{AllocLocation, Backend, Protection, RawPhysical};
+use crate::capacity::Charge;
 use crate::driver::{Context, Device, Driver, DriverShared};
 use crate::error::{Addr, Error, Result};
 use crate::queue::InFlightRef;
@@ -380,9 +385,12 @@ struct ExportRec {
     size: u64,
     fds: Arc<[OwnedFd]>,
     pieces: Arc<[Piece]>,
+    /// The device capacity of the exported memory: held while the export lives, even once
+    /// the memory is destroyed or freed (`crate::capacity`).
+    capacity: Arc<[Arc<Charge>]>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct ImportRec {
     size: usize,
     context: u64,
@@ -392,6 +400,13 @@ struct ImportRec {
     mem: MemoryType,
     id: u64,
     page_size: usize,
+    /// The device capacity of the viewed memory when it is this process's own (empty for
+    /// memory of another process): held until the view is closed (`crate::capacity`).
+    #[expect(
+        dead_code,
+        reason = "held, never read: dropping it gives the capacity back"
+    )]
+    capacity: Arc<[Arc<Charge>]>,
 }
 
 /// Exports of this process (export id -> record); read by the broker thread.
@@ -551,6 +566,7 @@ fn register(
     size: usize,
     fds: Vec<OwnedFd>,
     pieces: Vec<Piece>,
+    capacity: Vec<Arc<Charge>>,
 ) -> Result<IpcHandle> {
     let nonce = start_broker()?;
     let token = transport::random_token()
@@ -587,16 +603,19 @@ fn register(
             size: size as u64,
             fds: fds.into(),
             pieces: pieces.into(),
+            capacity: capacity.into(),
         },
     );
     Ok(encode(fd, &h))
 }
 
-/// What an open needs: the view size, the objects' fds and the pieces.
+/// What an open needs: the view size, the objects' fds and the pieces, plus the device
+/// capacity the view holds (that of this process's own memory only).
 struct Material {
     size: usize,
     fds: Vec<OwnedFd>,
     pieces: Vec<Piece>,
+    capacity: Arc<[Arc<Charge>]>,
 }
 
 fn dup_all(fds: &[OwnedFd]) -> Result<Vec<OwnedFd>> {
@@ -639,6 +658,7 @@ fn material(h: &Decoded, handle: &IpcHandle, max_pieces: usize) -> Result<Materi
             size: rec.size as usize,
             fds: dup_all(&rec.fds)?,
             pieces: rec.pieces.to_vec(),
+            capacity: rec.capacity.clone(),
         });
     }
     // The fd transport: bytes 0..4 hold an fd of ours that is the exported memfd itself.
@@ -665,6 +685,7 @@ fn material(h: &Decoded, handle: &IpcHandle, max_pieces: usize) -> Result<Materi
                         offset: 0,
                         len: h.size,
                     }],
+                    capacity: Arc::new([]),
                 });
             }
         }
@@ -729,6 +750,7 @@ fn material(h: &Decoded, handle: &IpcHandle, max_pieces: usize) -> Result<Materi
         size: size as usize,
         fds: reply.fds,
         pieces,
+        capacity: Arc::new([]),
     })
 }
 
@@ -1033,6 +1055,7 @@ impl Context {
             };
             check_handle_types(asked, SUPPORTED_TYPES, usm.ipc_types(ptr))?;
             let fd = d.backend.export_allocation(raw)?;
+            let capacity = usm.ipc_charge(ptr).into_iter().collect();
             drop(usm);
             return register(
                 Arc::as_ptr(d) as usize,
@@ -1046,6 +1069,7 @@ impl Context {
                     offset: 0,
                     len: span as u64,
                 }],
+                capacity,
             );
         }
         drop(usm);
@@ -1100,6 +1124,7 @@ impl Context {
         };
         check_handle_types(asked, SUPPORTED_TYPES, vm.physical_ipc_types(id))?;
         let fd = d.backend.export_physical(raw)?;
+        let capacity = vm.physical_charge(id).into_iter().collect();
         drop(vm);
         register(
             Arc::as_ptr(d) as usize,
@@ -1113,6 +1138,7 @@ impl Context {
                 offset: 0,
                 len: size as u64,
             }],
+            capacity,
         )
     }
 
@@ -1195,6 +1221,7 @@ impl Context {
         let mut index: HashMap<u64, u32> = HashMap::new();
         let mut mem = MemoryType::Device;
         let mut fds = Vec::new();
+        let mut capacity = Vec::new();
         let mut pieces = Vec::with_capacity(runs.len());
         for (phys, offset, len) in runs {
             let obj = match index.get(&phys) {
@@ -1226,6 +1253,7 @@ impl Context {
                             ))
                         })?;
                     fds.push(d.backend.export_physical(raw)?);
+                    capacity.extend(vm.physical_charge(phys));
                     let i = (fds.len() - 1) as u32;
                     index.insert(phys, i);
                     i
@@ -1246,6 +1274,7 @@ impl Context {
             size,
             fds,
             pieces,
+            capacity,
         )
     }
 
@@ -1277,6 +1306,7 @@ impl Context {
         validate(&m)?;
         let align = d.vm.read().page_size(m.size);
         let size = m.size;
+        let capacity = m.capacity.clone();
         let base = map_view(d.backend.as_ref(), align, m)?;
         IMPORTS.lock().insert(
             base,
@@ -1287,6 +1317,7 @@ impl Context {
                 mem: h.mem,
                 id: crate::capacity::fresh_id(),
                 page_size: align,
+                capacity,
             },
         );
         Ok(base)
@@ -1322,12 +1353,12 @@ impl Context {
             drop(im);
             inflight.wait_unreferenced_ref(InFlightRef::View(ptr));
         };
-        let rec = *im.get(&ptr).expect("checked under this lock");
+        let size = im.get(&ptr).expect("checked under this lock").size;
         // SAFETY: the whole view we mapped at open.
         unsafe {
             drv.shared
                 .backend
-                .release_mapped(ptr, rec.size, &[(ptr, ptr + rec.size)])?
+                .release_mapped(ptr, size, &[(ptr, ptr + size)])?
         };
         im.remove(&ptr);
         Ok(())

@@ -47,7 +47,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::backend::{AllocLocation, Backend, RawAllocation};
-use crate::capacity::DeviceMemory;
+use crate::capacity::{Charge, DeviceMemory};
 use crate::error::{Addr, Error, Result};
 use crate::vmm::page_size_for;
 
@@ -263,8 +263,9 @@ struct AllocRec {
     context: u64,
     /// Backend handle; `None` for imports.
     raw: Option<RawAllocation>,
-    /// Bytes charged to `device`'s capacity.
-    charged: u64,
+    /// The capacity charged to `device` (device and shared allocations with a device), shared
+    /// with the IPC exports of the allocation.
+    charge: Option<Arc<Charge>>,
     /// IPC handle types chained at allocation (`ze_ipc_mem_handle_type_ext_desc_t`), if any;
     /// set by [`crate::ipc`] and gone with the record.
     ipc_types: Option<crate::ipc::IpcHandleTypes>,
@@ -283,7 +284,6 @@ impl AllocRec {
 pub(crate) struct PendingFree {
     ptr: usize,
     rec: AllocRec,
-    devmem: Arc<DeviceMemory>,
 }
 
 impl PendingFree {
@@ -292,12 +292,11 @@ impl PendingFree {
         self.rec.id
     }
 
-    /// Gives the device capacity back now (free-now semantics), before the memory goes.
+    /// Drops the allocation's hold on the device capacity now (free-now semantics), before
+    /// the memory goes; the capacity comes back unless an IPC export or view still holds it
+    /// (`crate::capacity`).
     pub(crate) fn give_back_capacity(&mut self) {
-        if let (Some(d), true) = (self.rec.device, self.rec.charged > 0) {
-            self.devmem.give_back(d as usize, self.rec.charged);
-        }
-        self.rec.charged = 0;
+        self.rec.charge = None;
     }
 
     /// Releases the memory (and the capacity still charged).
@@ -310,9 +309,7 @@ impl PendingFree {
             // SAFETY: registered at import; the memory itself stays.
             None => unsafe { backend.unregister_host(self.ptr, r.size) },
         }
-        if let (Some(d), true) = (r.device, r.charged > 0) {
-            self.devmem.give_back(d as usize, r.charged);
-        }
+        // The record's charge goes with it.
     }
 }
 
@@ -406,19 +403,11 @@ impl UsmState {
             ))
         })?;
         let align = desc.alignment.max(page);
-        let charged = span as u64;
-        if let Some(i) = device {
-            self.devmem.take(i, charged)?;
-        }
-        let (addr, raw) = match backend.alloc(location, span, align) {
-            Ok(v) => v,
-            Err(e) => {
-                if let Some(i) = device {
-                    self.devmem.give_back(i, charged);
-                }
-                return Err(e);
-            }
-        };
+        let charge = device
+            .map(|i| self.devmem.charge(i, span as u64))
+            .transpose()?;
+        // On error the charge is dropped, so given back.
+        let (addr, raw) = backend.alloc(location, span, align)?;
         let kind = match location {
             AllocLocation::Device(_) => MemoryType::Device,
             AllocLocation::Host => MemoryType::Host,
@@ -437,7 +426,7 @@ impl UsmState {
                 read_only: false,
                 context,
                 raw: Some(raw),
-                charged: if device.is_some() { charged } else { 0 },
+                charge,
                 ipc_types: None,
             },
         );
@@ -534,7 +523,7 @@ impl UsmState {
                 read_only,
                 context,
                 raw: None,
-                charged: 0,
+                charge: None,
                 ipc_types: None,
             },
         );
@@ -565,11 +554,7 @@ impl UsmState {
             }
         }
         let rec = self.allocs.remove(&ptr).expect("checked");
-        Ok(PendingFree {
-            ptr,
-            rec,
-            devmem: self.devmem.clone(),
-        })
+        Ok(PendingFree { ptr, rec })
     }
 
     /// The record containing `ptr` (`base <= ptr < base + size`).
@@ -610,6 +595,12 @@ impl UsmState {
     ) -> Option<(usize, usize, MemoryType, u64, u64, Option<RawAllocation>)> {
         let (b, r) = self.find(ptr)?;
         Some((b, r.span, r.kind, r.id, r.context, r.raw))
+    }
+
+    /// IPC ([`crate::ipc`]): the device capacity the allocation containing `ptr` holds (none
+    /// for host memory and imports), for an export of it to hold too.
+    pub(crate) fn ipc_charge(&self, ptr: usize) -> Option<Arc<Charge>> {
+        self.find(ptr)?.1.charge.clone()
     }
 
     /// IPC ([`crate::ipc`]): records the handle types chained at the allocation at `base`
@@ -659,7 +650,6 @@ impl UsmState {
             .map(|ptr| PendingFree {
                 ptr,
                 rec: self.allocs.remove(&ptr).expect("listed"),
-                devmem: self.devmem.clone(),
             })
             .collect()
     }
