@@ -716,7 +716,11 @@ fn material(h: &Decoded, handle: &IpcHandle, max_pieces: usize) -> Result<Materi
                 transport::broker_name(h.pid, h.nonce),
                 h.pid
             ))
-        } else if e == rustix::io::Errno::CONNREFUSED || e == rustix::io::Errno::NOENT {
+        } else if e == rustix::io::Errno::CONNREFUSED
+            || e == rustix::io::Errno::NOENT
+            || e == rustix::io::Errno::CONNRESET
+        {
+            // No broker, or one that hung up before answering: a live broker always answers.
             Error::InvalidArgument(format!(
                 "the exporting process {} is gone (no IPC broker answers): the handle \
                      cannot be opened any more",

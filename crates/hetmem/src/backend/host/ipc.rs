@@ -24,11 +24,15 @@
 //! as the process, checks each peer's `SO_PEERCRED` right after `accept4`: a peer of another
 //! effective uid is dropped at once; a peer of ours is handed to a worker thread of its own
 //! (an idle worker, or a new one: at most [`MAX_BROKER_PEERS`] workers, so further peers are
-//! dropped at once while all are busy; each worker waits at most [`REQUEST_TIMEOUT`] for its
-//! peer's request, and exits after [`WORKER_IDLE`] with nothing to do), so idle connections
-//! never stall other importers.
+//! answered [`ST_BUSY`] once their request is read, and dropped, while all are busy; each
+//! worker waits at most [`REQUEST_TIMEOUT`] for its peer's request, and exits after
+//! [`WORKER_IDLE`] with nothing to do), so idle connections never stall other importers.
 //! Every other check is the handler's. A broker that fails to start is not remembered: the
 //! next export tries again. The exporter is never made ptraceable.
+//!
+//! A live broker answers every peer of our uid that sends a request in time, so a broker that
+//! hangs up before its whole answer is sent is a broker whose process died: [`broker_request`]
+//! reports every such failure after the connection is made as `ECONNRESET`.
 //!
 //! The requester ([`connect_broker`]) checks the listener's `SO_PEERCRED` before sending
 //! anything: its pid must be the exporter's pid recorded in the handle and its uid our
@@ -64,8 +68,11 @@ const REPLY_MAGIC: &[u8; 4] = b"HMBR";
 const PEER_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the broker waits for a connected peer's request before dropping it.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
-/// Most peers the broker serves at once; further connections are dropped until one finishes.
+/// Most peers the broker serves at once; further connections are answered [`ST_BUSY`] and
+/// dropped until one finishes.
 pub const MAX_BROKER_PEERS: usize = 64;
+/// The status a broker answers when every worker is busy (its message says so).
+pub const ST_BUSY: u32 = u32::MAX - 2;
 
 /// Sends `payload` (at least one byte) with `fds` attached: `sendmsg(2)` + `SCM_RIGHTS`.
 pub fn send_fds(sock: BorrowedFd<'_>, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), Errno> {
@@ -258,7 +265,8 @@ fn pool() -> std::sync::MutexGuard<'static, Pool> {
 }
 
 /// Hands an accepted peer to an idle worker, or to a new one (at most [`MAX_BROKER_PEERS`]);
-/// drops it when every worker is busy.
+/// answers [`ST_BUSY`] and drops it when every worker is busy (so that a hang-up always means
+/// that the broker's process is gone).
 fn dispatch(conn: OwnedFd, peer: u32, handler: &BrokerHandler) {
     let mut q = pool();
     if q.idle > q.queue.len() {
@@ -267,6 +275,8 @@ fn dispatch(conn: OwnedFd, peer: u32, handler: &BrokerHandler) {
         return;
     }
     if q.workers >= MAX_BROKER_PEERS {
+        drop(q);
+        refuse_busy(conn.as_fd());
         return;
     }
     q.workers += 1;
@@ -278,6 +288,31 @@ fn dispatch(conn: OwnedFd, peer: u32, handler: &BrokerHandler) {
     if spawned.is_err() {
         q.workers -= 1;
         q.queue.pop_back();
+    }
+}
+
+/// How long the accept thread waits for the request of a peer it refuses as busy.
+const BUSY_REQUEST_WAIT: Duration = Duration::from_millis(50);
+
+/// Reads the request (waiting at most [`BUSY_REQUEST_WAIT`]: a requester sends it right
+/// after connecting) and answers [`ST_BUSY`]. The request is read first because a Unix socket
+/// closed with unread data resets its peer, whose answer would then be lost.
+fn refuse_busy(conn: BorrowedFd<'_>) {
+    use rustix::net::sockopt::{set_socket_timeout, Timeout};
+    let wait = Some(BUSY_REQUEST_WAIT);
+    if set_socket_timeout(conn, Timeout::Send, wait).is_ok()
+        && set_socket_timeout(conn, Timeout::Recv, wait).is_ok()
+        && recv_fds(conn, &mut [0u8; 64], 1).is_ok()
+    {
+        let reply = BrokerReply {
+            status: ST_BUSY,
+            payload: format!(
+                "its IPC broker is serving {MAX_BROKER_PEERS} peers already; try again"
+            )
+            .into_bytes(),
+            fds: None,
+        };
+        let _ = send_reply(conn, &reply);
     }
 }
 
@@ -362,6 +397,11 @@ fn send_reply(conn: BorrowedFd<'_>, r: &BrokerReply) -> Result<(), Errno> {
 /// collects the whole reply. The request is sent only to a broker that [`connect_broker`]
 /// verified (`EPERM` otherwise). `max_payload` and `max_fds` bound what the requester accepts
 /// (a broker announcing more is refused with `EMSGSIZE`).
+///
+/// Errors: those of [`connect_broker`] (`ECONNREFUSED`: no such broker); once connected, a
+/// broker that hangs up before its whole answer came (end of stream, `ECONNRESET`, `EPIPE`,
+/// `ENOTCONN`: its process died, see the module docs) is `ECONNRESET`; `EPROTO` for a
+/// malformed reply; `EAGAIN` for a broker silent for the requester's timeout.
 pub fn broker_request(
     pid: u32,
     nonce: u32,
@@ -370,9 +410,25 @@ pub fn broker_request(
     max_fds: usize,
 ) -> Result<BrokerAnswer, Errno> {
     let s = connect_broker(pid, nonce)?;
-    send_fds(s.as_fd(), request, &[])?;
+    exchange(s.as_fd(), request, max_payload, max_fds).map_err(|e| match e {
+        Errno::PIPE | Errno::NOTCONN => Errno::CONNRESET,
+        e => e,
+    })
+}
+
+/// The request and its reply over a connected broker socket; end of stream is `ECONNRESET`.
+fn exchange(
+    s: BorrowedFd<'_>,
+    request: &[u8; 64],
+    max_payload: usize,
+    max_fds: usize,
+) -> Result<BrokerAnswer, Errno> {
+    send_fds(s, request, &[])?;
     let mut head = [0u8; 24];
-    let (n, _) = recv_fds(s.as_fd(), &mut head, 1)?;
+    let (n, _) = recv_fds(s, &mut head, 1)?;
+    if n == 0 {
+        return Err(Errno::CONNRESET);
+    }
     if n != 24 || &head[..4] != REPLY_MAGIC {
         return Err(Errno::PROTO);
     }
@@ -386,17 +442,20 @@ pub fn broker_request(
     let mut at = 0;
     while at < plen {
         let want = (plen - at).min(PAYLOAD_CHUNK);
-        let (n, _) = recv_fds(s.as_fd(), &mut payload[at..at + want], 1)?;
+        let (n, _) = recv_fds(s, &mut payload[at..at + want], 1)?;
         if n == 0 {
-            return Err(Errno::PROTO);
+            return Err(Errno::CONNRESET);
         }
         at += n;
     }
     let mut fds = Vec::with_capacity(nfds);
     while fds.len() < nfds {
         let mut b = [0u8; 1];
-        let (n, got) = recv_fds(s.as_fd(), &mut b, MAX_FDS_PER_MSG)?;
-        if n == 0 || got.is_empty() {
+        let (n, got) = recv_fds(s, &mut b, MAX_FDS_PER_MSG)?;
+        if n == 0 {
+            return Err(Errno::CONNRESET);
+        }
+        if got.is_empty() {
             return Err(Errno::PROTO);
         }
         fds.extend(got);
