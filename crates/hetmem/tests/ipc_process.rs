@@ -71,6 +71,11 @@ impl Proc {
         let st = self.child.wait().unwrap();
         assert!(st.success(), "child failed: {st}");
     }
+    /// `SIGKILL`s the child and reaps it.
+    fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
 }
 
 fn read_stdin_line() -> String {
@@ -148,8 +153,82 @@ fn child() {
             ctx.put_ipc_handle(&h).unwrap();
             e.destroy(&ctx);
         }
+        // Exports a 1 MiB allocation (KIND=alloc) or the range of `make_range` (KIND=range),
+        // writes the handle to FILE, says @ready and serves opens until it is killed.
+        "export_until_killed" => {
+            let (e, h) = if env("KIND") == "range" {
+                let (e, _) = make_range(&ctx);
+                let props = hetmem::IpcProperties {
+                    range_size: Some(e.size),
+                    ..Default::default()
+                };
+                let h = ctx.get_ipc_handle_with_properties(e.ptr, &props).unwrap();
+                (e, h)
+            } else {
+                let e = make_alloc(&ctx);
+                let h = ctx.get_ipc_handle(e.ptr).unwrap();
+                (e, h)
+            };
+            std::fs::write(env("FILE"), h.as_bytes()).unwrap();
+            println!("@ready");
+            // Killed while waiting here.
+            let _ = read_stdin_line();
+            ctx.put_ipc_handle(&h).unwrap();
+            e.destroy(&ctx);
+        }
+        // Listens under a broker name of this process, says @ready with its pid and nonce,
+        // accepts one requester, goes as far as PHASE in answering it and exits.
+        "broker_dies" => fake_broker_that_dies(&env("PHASE")),
         other => panic!("unknown case {other}"),
     }
+}
+
+/// The nonce of the fake broker of `broker_dies`.
+const FAKE_NONCE: u32 = 0x5eed_0001;
+
+/// A broker that dies after accepting, at `phase`: `accept` (before reading the request),
+/// `request` (after reading it), `head` (after the reply header announcing one piece and one
+/// fd), `payload` (after the piece list, before the fd).
+fn fake_broker_that_dies(phase: &str) -> ! {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let pid = std::process::id();
+    let l = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    let name = hetmem::backend::host::ipc::broker_name(pid, FAKE_NONCE);
+    rustix::net::bind(
+        &l,
+        &SocketAddrUnix::new_abstract_name(name.as_bytes()).unwrap(),
+    )
+    .unwrap();
+    rustix::net::listen(&l, 8).unwrap();
+    println!("@ready {pid}");
+    let c = rustix::net::accept(&l).unwrap();
+    if phase != "accept" {
+        let mut req = [0u8; 64];
+        assert_eq!(recv_fds(c.as_fd(), &mut req, 1).unwrap().0, 64);
+    }
+    if phase == "head" || phase == "payload" {
+        // The reply header: magic, status 0, payload of one piece, one fd.
+        let mut head = Vec::new();
+        head.extend_from_slice(b"HMBR");
+        head.extend_from_slice(&0u32.to_le_bytes());
+        head.extend_from_slice(&(16u64 + 24).to_le_bytes());
+        head.extend_from_slice(&1u64.to_le_bytes());
+        send_fds(c.as_fd(), &head, &[]).unwrap();
+    }
+    if phase == "payload" {
+        let mut piece = Vec::new();
+        for v in [1u64 << 20, 1, 0, 0, 1 << 20] {
+            piece.extend_from_slice(&v.to_le_bytes());
+        }
+        send_fds(c.as_fd(), &piece, &[]).unwrap();
+    }
+    std::process::exit(0);
 }
 
 fn child_import(ctx: &Context) {
@@ -412,6 +491,113 @@ fn exporter_gone_before_open_is_an_error_but_an_fd_received_before_still_opens()
     ctx.close_ipc_handle(p).unwrap();
     let _ = std::fs::remove_file(&file);
     let _ = std::fs::remove_file(&sock);
+}
+
+/// The message of an open whose exporter is gone, whatever the moment it went.
+fn assert_exporter_gone(e: &hetmem::Error, pid: u32) {
+    assert_eq!(e.ze_result(), 0x7800_0004, "{e}");
+    assert!(
+        e.message()
+            .contains(&format!("the exporting process {pid} is gone")),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_exporter_dying_after_accepting_the_request_is_the_exporter_gone_error() {
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let e = make_alloc(&ctx);
+    let real = ctx.get_ipc_handle(e.ptr).unwrap();
+    for phase in ["accept", "request", "head", "payload"] {
+        let mut c = Proc::spawn("broker_dies", &[("PHASE", phase.into())]);
+        let pid: u32 = c.line().strip_prefix("ready ").unwrap().parse().unwrap();
+        // The real handle's bytes, naming the fake broker's process and name.
+        let mut h = real;
+        h.data[12..16].copy_from_slice(&pid.to_le_bytes());
+        h.data[16..20].copy_from_slice(&FAKE_NONCE.to_le_bytes());
+        h.set_fd(-1);
+        reseal(&mut h);
+        let t = std::time::Instant::now();
+        let err = ctx.open_ipc_handle(&h, 0).unwrap_err();
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(2),
+            "{phase}: the open took {:?}",
+            t.elapsed()
+        );
+        assert_exporter_gone(&err, pid);
+        c.finish();
+    }
+    ctx.put_ipc_handle(&real).unwrap();
+    e.destroy(&ctx);
+}
+
+#[test]
+fn an_exporter_killed_at_random_moments_during_opens_is_always_the_exporter_gone_error() {
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let start = std::time::Instant::now();
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64
+        | 1;
+    let mut rounds = 0;
+    let mut failed = 0;
+    // Bounded: 40 rounds or 20 s, whichever comes first (at least 5 rounds).
+    while rounds < 40 && (rounds < 5 || start.elapsed() < std::time::Duration::from_secs(20)) {
+        let file = temp("handle");
+        let kind = if rounds % 2 == 0 { "alloc" } else { "range" };
+        let mut c = Proc::spawn(
+            "export_until_killed",
+            &[("FILE", file.display().to_string()), ("KIND", kind.into())],
+        );
+        assert_eq!(c.line(), "ready");
+        let h = read_handle(&file.display().to_string());
+        let pid = h.exporter_pid().unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let delay = std::time::Duration::from_micros(seed % 3000);
+        let errors: Vec<(hetmem::Error, std::time::Duration)> = std::thread::scope(|s| {
+            let importers: Vec<_> = (0..3)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut errors = Vec::new();
+                        while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                            let t = std::time::Instant::now();
+                            match ctx.open_ipc_handle(&h, 0) {
+                                Ok(p) => ctx.close_ipc_handle(p).unwrap(),
+                                Err(e) => errors.push((e, t.elapsed())),
+                            }
+                        }
+                        errors
+                    })
+                })
+                .collect();
+            std::thread::sleep(delay);
+            c.kill();
+            // A few more opens after the death, then stop.
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            stop.store(true, std::sync::atomic::Ordering::Release);
+            importers
+                .into_iter()
+                .flat_map(|t| t.join().unwrap())
+                .collect()
+        });
+        for (e, took) in &errors {
+            assert_exporter_gone(e, pid);
+            assert!(
+                *took < std::time::Duration::from_secs(2),
+                "a failed open took {took:?}: {e}"
+            );
+        }
+        failed += errors.len();
+        rounds += 1;
+        let _ = std::fs::remove_file(&file);
+    }
+    assert!(failed > 0, "no open failed in {rounds} rounds");
 }
 
 #[test]

@@ -20,8 +20,8 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hetmem::backend::host::ipc::{
-    broker_name, broker_peers_active, broker_workers, connect_broker, recv_fds, send_fds,
-    MAX_BROKER_PEERS, WORKER_IDLE,
+    broker_name, broker_peers_active, broker_request, broker_workers, connect_broker, recv_fds,
+    send_fds, MAX_BROKER_PEERS, ST_BUSY, WORKER_IDLE,
 };
 use hetmem::backend::host::open_fd_count;
 use hetmem::{IpcHandle, IpcProperties};
@@ -295,6 +295,41 @@ fn idle_broker_connections_do_not_stall_a_real_importer_and_a_flood_is_bounded()
     ctx.put_ipc_handle(&h).unwrap();
     e.destroy(&ctx);
     let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn a_broker_with_every_worker_busy_answers_busy_instead_of_hanging_up() {
+    let _serial = serial();
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let e = make_alloc(&ctx);
+    let h = ctx.get_ipc_handle(e.ptr).unwrap();
+    let (pid, nonce) = (h.exporter_pid().unwrap(), h.broker_nonce().unwrap());
+    // Every worker waits on a peer that never sends.
+    let idle: Vec<OwnedFd> = (0..MAX_BROKER_PEERS)
+        .map(|_| connect_broker(pid, nonce).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while broker_peers_active() < MAX_BROKER_PEERS && Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    assert_eq!(broker_peers_active(), MAX_BROKER_PEERS);
+    // A hang-up would read as "the exporter is gone"; a live broker says it is busy.
+    let r = broker_request(pid, nonce, h.as_bytes(), 4096, 1).unwrap();
+    assert_eq!(r.status, ST_BUSY);
+    let msg = String::from_utf8(r.payload).unwrap();
+    assert!(msg.contains("busy") || msg.contains("serving"), "{msg}");
+    drop(idle);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while broker_peers_active() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Served again once a worker is free.
+    let r = broker_request(pid, nonce, h.as_bytes(), 4096, 1).unwrap();
+    assert_eq!(r.status, 0);
+    assert_eq!(r.fds.len(), 1);
+    ctx.put_ipc_handle(&h).unwrap();
+    e.destroy(&ctx);
 }
 
 #[test]
