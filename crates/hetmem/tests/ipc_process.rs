@@ -1,5 +1,6 @@
 //! IPC across real processes: the test binary re-executes itself as the other process
-//! (`HETMEM_IPC_CASE` selects what the child does; without it the child test returns at once).
+//! (`HETMEM_CHILD_CASE` selects what the child does; without it the child test returns at once;
+//! the harness is `common::Proc`).
 //! The two processes talk over the child's stdin / stdout lines, never sleeps.
 //!
 //! Covered: allocations, physical objects and a range of 3 reservations and 7 objects (non-zero
@@ -8,95 +9,20 @@
 //! opens in another process; forged token, put and stale handles through the broker; the
 //! exporter gone before open (error) and after open (the view stays valid).
 
-mod ipc_common;
+mod common;
 
-use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
+use common::*;
 use hetmem::backend::host::ipc::{recv_fds, send_fds};
 use hetmem::backend::host::open_fd_count;
 use hetmem::{Context, IpcHandle};
-use ipc_common::*;
 
-const CASE: &str = "HETMEM_IPC_CASE";
-
-fn temp(name: &str) -> PathBuf {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    std::env::temp_dir().join(format!("hetmem-ipc-{}-{n}-{name}", std::process::id()))
-}
-
-struct Proc {
-    child: Child,
-    stdin: ChildStdin,
-    out: BufReader<ChildStdout>,
-}
-
-impl Proc {
-    fn spawn(case: &str, env: &[(&str, String)]) -> Proc {
-        let mut c = Command::new(std::env::current_exe().unwrap());
-        c.args(["--exact", "child", "--nocapture", "--test-threads=1", "-q"])
-            .env(CASE, case)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        let mut child = c.spawn().expect("spawn child");
-        let stdin = child.stdin.take().unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        Proc { child, stdin, out }
-    }
-    /// The next line the child printed that starts with `@` (the harness prints others).
-    fn line(&mut self) -> String {
-        loop {
-            let mut l = String::new();
-            if self.out.read_line(&mut l).unwrap() == 0 {
-                panic!("child ended early: {:?}", self.child.wait());
-            }
-            if let Some(m) = l.strip_prefix('@') {
-                return m.trim().to_string();
-            }
-        }
-    }
-    fn say(&mut self, s: &str) {
-        writeln!(self.stdin, "{s}").unwrap();
-        self.stdin.flush().unwrap();
-    }
-    fn finish(mut self) {
-        drop(self.stdin);
-        let st = self.child.wait().unwrap();
-        assert!(st.success(), "child failed: {st}");
-    }
-    /// `SIGKILL`s the child and reaps it.
-    fn kill(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-fn read_stdin_line() -> String {
-    let mut l = String::new();
-    std::io::stdin().read_line(&mut l).unwrap();
-    l.trim().to_string()
-}
-
-fn env(k: &str) -> String {
-    std::env::var(k).unwrap_or_default()
-}
-
-fn read_handle(path: &str) -> IpcHandle {
-    let b = std::fs::read(path).unwrap();
-    IpcHandle::from_bytes(b.try_into().expect("64 bytes"))
-}
-
-/// The child: one of the cases below, selected by `HETMEM_IPC_CASE`.
+/// The child: one of the cases below, selected by `HETMEM_CHILD_CASE`.
 #[test]
-fn child() {
-    let Ok(case) = std::env::var(CASE) else {
+fn child_case_runner() {
+    let Some(case) = child_case() else {
         return;
     };
     // `PIECES`: the child driver's range-piece limit.
@@ -258,7 +184,7 @@ fn child_import(ctx: &Context) {
 
 /// Exports `e`, hands it to a child over `transport` ("fd" or "bytes"), and checks that writes
 /// go both ways.
-fn share_both_ways(ctx: &Context, e: &ipc_common::Exported, h: IpcHandle, transport: &str) {
+fn share_both_ways(ctx: &Context, e: &common::Exported, h: IpcHandle, transport: &str) {
     let seed = 1000u64;
     fill(e.ptr, e.size, seed);
     let file = temp("handle");
@@ -411,16 +337,6 @@ fn an_importer_refuses_a_range_handle_of_more_pieces_than_its_driver_carries() {
     let _ = std::fs::remove_file(&file);
     ctx.put_ipc_handle(&h).unwrap();
     e.destroy(&ctx);
-}
-
-/// FNV-1a over bytes 4..60 into 60..64: the checksum catches corruption, not forgery.
-fn reseal(h: &mut IpcHandle) {
-    let mut x: u32 = 0x811c_9dc5;
-    for &b in &h.data[4..60] {
-        x ^= b as u32;
-        x = x.wrapping_mul(0x0100_0193);
-    }
-    h.data[60..64].copy_from_slice(&x.to_le_bytes());
 }
 
 #[test]

@@ -1,16 +1,16 @@
 //! IPC rules inside one process: range handles (every bullet of the range descriptor), handle
 //! types, open / close / put codes, opening in the exporting process.
 
-mod ipc_common;
+mod common;
 
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use common::*;
 use hetmem::backend::host::open_fd_count;
 use hetmem::{
     AccessAttribute, AllocDesc, Context, IpcHandle, IpcHandleTypes, IpcProperties,
     PhysicalMemoryFlags,
 };
-use ipc_common::*;
 
 /// Tests that count the process's fds hold this lock for writing (alone); every other test
 /// holds it for reading, so no fd comes or goes while a count is compared.
@@ -550,11 +550,7 @@ const OUT_OF_DEVICE_MEMORY: u32 = 0x7000_0003;
 
 /// A driver with one device of 64 MiB (32 objects of 2 MiB).
 fn runtime_64m() -> hetmem::Runtime {
-    hetmem::Runtime::builder()
-        .host_devices(1)
-        .host_device_memory(64 << 20)
-        .build()
-        .expect("runtime")
+    runtime_with(1, 64 << 20)
 }
 
 /// Creates 2 MiB of device memory, exports it through route `i % 3` (physical handles: the

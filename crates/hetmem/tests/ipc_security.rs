@@ -1,5 +1,5 @@
 //! IPC security and robustness rules, across real processes where the rule is cross-process
-//! (the test binary re-executes itself; `HETMEM_IPC_SEC_CASE` selects the child's part).
+//! (the test binary re-executes itself; `HETMEM_CHILD_CASE` selects the child's part).
 //!
 //! - the importer checks the broker's `SO_PEERCRED` before sending a token: a process squatting
 //!   a vanished exporter's broker name gets nothing and the open fails;
@@ -10,106 +10,33 @@
 //! - range handles: memory that is not reserved VA -> `InvalidArgument`, holes ->
 //!   `AddressNotFound`.
 
-mod ipc_common;
+mod common;
 
-use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::*;
 use hetmem::backend::host::ipc::{
     broker_name, broker_peers_active, broker_request, broker_workers, connect_broker, recv_fds,
     send_fds, MAX_BROKER_PEERS, ST_BUSY, WORKER_IDLE,
 };
 use hetmem::backend::host::open_fd_count;
-use hetmem::{IpcHandle, IpcProperties};
-use ipc_common::*;
+use hetmem::IpcProperties;
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
-
-const CASE: &str = "HETMEM_IPC_SEC_CASE";
 
 /// The tests count process-wide things (fds, exports, broker peers): one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+    lock(&SERIAL)
 }
 const INVALID_ARGUMENT: u32 = 0x7800_0004;
 const ADDRESS_NOT_FOUND: u32 = 0x7800_0021;
 
-fn temp(name: &str) -> PathBuf {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    std::env::temp_dir().join(format!("hetmem-ipcsec-{}-{n}-{name}", std::process::id()))
-}
-
-struct Proc {
-    child: Child,
-    stdin: ChildStdin,
-    out: BufReader<ChildStdout>,
-}
-
-impl Proc {
-    fn spawn(case: &str, env: &[(&str, String)]) -> Proc {
-        let mut c = Command::new(std::env::current_exe().unwrap());
-        c.args(["--exact", "child", "--nocapture", "--test-threads=1", "-q"])
-            .env(CASE, case)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        let mut child = c.spawn().expect("spawn child");
-        let stdin = child.stdin.take().unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        Proc { child, stdin, out }
-    }
-    fn line(&mut self) -> String {
-        loop {
-            let mut l = String::new();
-            if self.out.read_line(&mut l).unwrap() == 0 {
-                panic!("child ended early: {:?}", self.child.wait());
-            }
-            if let Some(m) = l.strip_prefix('@') {
-                return m.trim().to_string();
-            }
-        }
-    }
-    fn say(&mut self, s: &str) {
-        writeln!(self.stdin, "{s}").unwrap();
-        self.stdin.flush().unwrap();
-    }
-    fn finish(mut self) {
-        drop(self.stdin);
-        let st = self.child.wait().unwrap();
-        assert!(st.success(), "child failed: {st}");
-    }
-}
-
-fn env(k: &str) -> String {
-    std::env::var(k).unwrap_or_default()
-}
-
-fn read_handle(path: &str) -> IpcHandle {
-    let b = std::fs::read(path).unwrap();
-    IpcHandle::from_bytes(b.try_into().expect("64 bytes"))
-}
-
-/// FNV-1a over bytes 4..60 into 60..64 (the checksum catches corruption, not forgery).
-fn reseal(h: &mut IpcHandle) {
-    let mut x: u32 = 0x811c_9dc5;
-    for &b in &h.data[4..60] {
-        x ^= b as u32;
-        x = x.wrapping_mul(0x0100_0193);
-    }
-    h.data[60..64].copy_from_slice(&x.to_le_bytes());
-}
-
 #[test]
-fn child() {
-    let Ok(case) = std::env::var(CASE) else {
+fn child_case_runner() {
+    let Some(case) = child_case() else {
         return;
     };
     let rt = runtime();
