@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::ze::OUT_OF_DEVICE_MEMORY;
+
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use common::*;
@@ -546,7 +548,6 @@ fn handle_types_chained_at_creation_go_with_the_memory_and_do_not_accumulate() {
 // the device's capacity.
 
 const M2: usize = 2 << 20;
-const OUT_OF_DEVICE_MEMORY: u32 = 0x7000_0003;
 
 /// A driver with one device of 64 MiB (32 objects of 2 MiB).
 fn runtime_64m() -> hetmem::Runtime {

@@ -12,6 +12,8 @@
 
 mod common;
 
+use common::ze::{ADDRESS_NOT_FOUND, INVALID_ARGUMENT};
+
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::{Duration, Instant};
@@ -31,8 +33,6 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     lock(&SERIAL)
 }
-const INVALID_ARGUMENT: u32 = 0x7800_0004;
-const ADDRESS_NOT_FOUND: u32 = 0x7800_0021;
 
 #[test]
 fn child_case_runner() {

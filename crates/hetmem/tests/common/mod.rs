@@ -19,6 +19,22 @@ use hetmem::{
 pub const K64: usize = 64 << 10;
 pub const MIB: usize = 1 << 20;
 
+/// Level Zero result codes (`ze_result_t`) the tests expect.
+pub mod ze {
+    pub const OUT_OF_HOST_MEMORY: u32 = 0x7000_0002;
+    pub const OUT_OF_DEVICE_MEMORY: u32 = 0x7000_0003;
+    pub const INVALID_ARGUMENT: u32 = 0x7800_0004;
+    pub const INVALID_NULL_HANDLE: u32 = 0x7800_0005;
+    pub const HANDLE_OBJECT_IN_USE: u32 = 0x7800_0006;
+    pub const INVALID_NULL_POINTER: u32 = 0x7800_0007;
+    pub const INVALID_SIZE: u32 = 0x7800_0008;
+    pub const UNSUPPORTED_SIZE: u32 = 0x7800_0009;
+    pub const UNSUPPORTED_ALIGNMENT: u32 = 0x7800_000a;
+    pub const INVALID_ENUMERATION: u32 = 0x7800_000c;
+    pub const ADDRESS_NOT_FOUND: u32 = 0x7800_0021;
+    pub const UNKNOWN: u32 = 0x7fff_fffe;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Runtimes
 
