@@ -62,22 +62,11 @@ fn child_case_runner() {
             }
         }
         "export_and_exit" => {
-            let e = make_alloc(&ctx);
-            fill(e.ptr, e.size, 0xabcd);
-            let h = ctx.get_ipc_handle(e.ptr).unwrap();
-            std::fs::write(env("FILE"), h.as_bytes()).unwrap();
-            if !env("SOCK").is_empty() {
-                let s = UnixStream::connect(env("SOCK")).unwrap();
-                // SAFETY: the handle's fd is open in this process until put.
-                let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(h.fd()) };
-                send_fds(s.as_fd(), b"x", &[fd]).unwrap();
+            let wait = env("WAIT") == "1";
+            let line = child_export_alloc(&ctx, wait);
+            if wait {
+                assert_eq!(line, "exit");
             }
-            println!("@ready");
-            if env("WAIT") == "1" {
-                assert_eq!(read_stdin_line(), "exit");
-            }
-            ctx.put_ipc_handle(&h).unwrap();
-            e.destroy(&ctx);
         }
         // Exports a 1 MiB allocation (KIND=alloc) or the range of `make_range` (KIND=range),
         // writes the handle to FILE, says @ready and serves opens until it is killed.
@@ -376,21 +365,7 @@ fn forged_token_put_and_stale_handles_are_refused_by_the_broker() {
 fn exporter_gone_before_open_is_an_error_but_an_fd_received_before_still_opens() {
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
-    let file = temp("handle");
-    let sock = temp("sock");
-    let listener = UnixListener::bind(&sock).unwrap();
-    let mut c = Proc::spawn(
-        "export_and_exit",
-        &[
-            ("FILE", file.display().to_string()),
-            ("SOCK", sock.display().to_string()),
-        ],
-    );
-    let (conn, _) = listener.accept().unwrap();
-    let mut b = [0u8; 1];
-    let (_, mut fds) = recv_fds(conn.as_fd(), &mut b, 1).unwrap();
-    let fd = fds.pop().unwrap();
-    assert_eq!(c.line(), "ready");
+    let (c, fd, file) = spawn_exporter_sending_fd("export_and_exit");
     c.finish();
     let h = read_handle(&file.display().to_string());
     // The 64 bytes alone: nobody serves them any more.
@@ -403,10 +378,9 @@ fn exporter_gone_before_open_is_an_error_but_an_fd_received_before_still_opens()
     let mut with_fd = h;
     with_fd.set_fd(fd.as_raw_fd());
     let p = ctx.open_ipc_handle(&with_fd, 0).unwrap();
-    assert_eq!(check(p, 1 << 20, 0xabcd), None);
+    assert_eq!(check(p, 1 << 20, EXPORTED_SEED), None);
     ctx.close_ipc_handle(p).unwrap();
     let _ = std::fs::remove_file(&file);
-    let _ = std::fs::remove_file(&sock);
 }
 
 /// The message of an open whose exporter is gone, whatever the moment it went.
@@ -530,7 +504,7 @@ fn view_stays_valid_after_the_exporter_frees_and_exits() {
     let p = ctx.open_ipc_handle(&h, 0).unwrap();
     c.say("exit");
     c.finish();
-    assert_eq!(check(p, 1 << 20, 0xabcd), None);
+    assert_eq!(check(p, 1 << 20, EXPORTED_SEED), None);
     fill(p, 1 << 20, 5);
     assert_eq!(check(p, 1 << 20, 5), None);
     ctx.close_ipc_handle(p).unwrap();

@@ -15,13 +15,12 @@ mod common;
 use common::ze::{ADDRESS_NOT_FOUND, INVALID_ARGUMENT};
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 
 use common::*;
 use hetmem::backend::host::ipc::{
     broker_name, broker_peers_active, broker_request, broker_workers, connect_broker, recv_fds,
-    send_fds, MAX_BROKER_PEERS, ST_BUSY, WORKER_IDLE,
+    MAX_BROKER_PEERS, ST_BUSY, WORKER_IDLE,
 };
 use hetmem::backend::host::open_fd_count;
 use hetmem::IpcProperties;
@@ -42,24 +41,10 @@ fn child_case_runner() {
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
     match case.as_str() {
-        // Exports a 1 MiB allocation (pattern 0xabcd), writes the handle to FILE, sends its fd
+        // Exports a 1 MiB allocation (pattern EXPORTED_SEED), writes the handle to FILE, sends its fd
         // to SOCK if given, says @ready and exits when told.
         "export" => {
-            let e = make_alloc(&ctx);
-            fill(e.ptr, e.size, 0xabcd);
-            let h = ctx.get_ipc_handle(e.ptr).unwrap();
-            std::fs::write(env("FILE"), h.as_bytes()).unwrap();
-            if !env("SOCK").is_empty() {
-                let s = UnixStream::connect(env("SOCK")).unwrap();
-                // SAFETY: the handle's fd is open in this process until put.
-                let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(h.fd()) };
-                send_fds(s.as_fd(), b"x", &[fd]).unwrap();
-            }
-            println!("@ready");
-            let mut l = String::new();
-            std::io::stdin().read_line(&mut l).unwrap();
-            ctx.put_ipc_handle(&h).unwrap();
-            e.destroy(&ctx);
+            child_export_alloc(&ctx, true);
         }
         // Opens the handle in FILE (bytes only) and checks the pattern.
         "import" => {
@@ -67,7 +52,7 @@ fn child_case_runner() {
             let t = Instant::now();
             let p = ctx.open_ipc_handle(&h, 0).unwrap();
             let took = t.elapsed();
-            assert_eq!(check(p, 1 << 20, 0xabcd), None);
+            assert_eq!(check(p, 1 << 20, EXPORTED_SEED), None);
             ctx.close_ipc_handle(p).unwrap();
             println!("@ok {}", took.as_millis());
         }
@@ -174,7 +159,7 @@ fn idle_broker_connections_do_not_stall_a_real_importer_and_a_flood_is_bounded()
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
     let e = make_alloc(&ctx);
-    fill(e.ptr, e.size, 0xabcd);
+    fill(e.ptr, e.size, EXPORTED_SEED);
     let h = ctx.get_ipc_handle(e.ptr).unwrap();
     let (pid, nonce) = (h.exporter_pid().unwrap(), h.broker_nonce().unwrap());
     let fds0 = open_fd_count();
@@ -264,21 +249,7 @@ fn fd_transport_matches_the_received_fd_by_device_and_inode() {
     let _serial = serial();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
-    let file = temp("handle");
-    let sock = temp("sock");
-    let listener = UnixListener::bind(&sock).unwrap();
-    let mut c = Proc::spawn(
-        "export",
-        &[
-            ("FILE", file.display().to_string()),
-            ("SOCK", sock.display().to_string()),
-        ],
-    );
-    let (conn, _) = listener.accept().unwrap();
-    let mut b = [0u8; 1];
-    let (_, mut fds) = recv_fds(conn.as_fd(), &mut b, 1).unwrap();
-    let fd = fds.pop().unwrap();
-    assert_eq!(c.line(), "ready");
+    let (mut c, fd, file) = spawn_exporter_sending_fd("export");
     c.say("exit");
     c.finish();
     let mut h = read_handle(&file.display().to_string());
@@ -292,10 +263,9 @@ fn fd_transport_matches_the_received_fd_by_device_and_inode() {
     assert!(e.message().contains("is gone"), "{e}");
     // Device and inode match: the fd itself is mapped.
     let p = ctx.open_ipc_handle(&h, 0).unwrap();
-    assert_eq!(check(p, 1 << 20, 0xabcd), None);
+    assert_eq!(check(p, 1 << 20, EXPORTED_SEED), None);
     ctx.close_ipc_handle(p).unwrap();
     let _ = std::fs::remove_file(&file);
-    let _ = std::fs::remove_file(&sock);
 }
 
 #[test]

@@ -280,6 +280,60 @@ pub fn reseal(h: &mut IpcHandle) {
     h.data[60..64].copy_from_slice(&x.to_le_bytes());
 }
 
+/// The seed of the pattern the allocation of [`child_export_alloc`] holds.
+pub const EXPORTED_SEED: u64 = 0xabcd;
+
+/// A child's part: exports a 1 MiB allocation holding the pattern of [`EXPORTED_SEED`],
+/// writes its handle to the file named by `FILE`, sends the handle's fd over the Unix socket
+/// named by `SOCK` if set, says `@ready`, then, if `wait`, waits for a line of stdin (returned);
+/// then puts the handle and frees the allocation.
+pub fn child_export_alloc(ctx: &Context, wait: bool) -> String {
+    use std::os::fd::AsFd;
+    let e = make_alloc(ctx);
+    fill(e.ptr, e.size, EXPORTED_SEED);
+    let h = ctx.get_ipc_handle(e.ptr).unwrap();
+    std::fs::write(env("FILE"), h.as_bytes()).unwrap();
+    if !env("SOCK").is_empty() {
+        let s = std::os::unix::net::UnixStream::connect(env("SOCK")).unwrap();
+        // SAFETY: the handle's fd is open in this process until put.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(h.fd()) };
+        hetmem::backend::host::ipc::send_fds(s.as_fd(), b"x", &[fd]).unwrap();
+    }
+    println!("@ready");
+    let line = if wait {
+        read_stdin_line()
+    } else {
+        String::new()
+    };
+    ctx.put_ipc_handle(&h).unwrap();
+    e.destroy(ctx);
+    line
+}
+
+/// Spawns child case `case`, an exporter of [`child_export_alloc`] that sends its fd, and
+/// takes that fd. Returns the child (it said `@ready`), the fd and the handle's file (the
+/// caller removes it).
+pub fn spawn_exporter_sending_fd(case: &str) -> (Proc, std::os::fd::OwnedFd, PathBuf) {
+    use std::os::fd::AsFd;
+    let file = temp("handle");
+    let sock = temp("sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let mut c = Proc::spawn(
+        case,
+        &[
+            ("FILE", file.display().to_string()),
+            ("SOCK", sock.display().to_string()),
+        ],
+    );
+    let (conn, _) = listener.accept().unwrap();
+    let mut b = [0u8; 1];
+    let (_, mut fds) = hetmem::backend::host::ipc::recv_fds(conn.as_fd(), &mut b, 1).unwrap();
+    let fd = fds.pop().unwrap();
+    assert_eq!(c.line(), "ready");
+    let _ = std::fs::remove_file(&sock);
+    (c, fd, file)
+}
+
 /// What an exporter made: the contiguous exporter view `[ptr, ptr+size)` and what to tear down.
 pub struct Exported {
     pub ptr: usize,
