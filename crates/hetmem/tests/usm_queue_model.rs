@@ -13,6 +13,8 @@
 
 mod common;
 
+use common::runtime_with_max_alloc;
+
 use common::ze::{
     INVALID_ARGUMENT, INVALID_ENUMERATION, INVALID_SIZE, OUT_OF_DEVICE_MEMORY, UNKNOWN,
     UNSUPPORTED_ALIGNMENT, UNSUPPORTED_SIZE,
@@ -234,12 +236,7 @@ fn check_all(rt: &Runtime, m: &mut Model, step: usize) {
 }
 
 fn run(ops: Vec<Op>) {
-    let rt = Runtime::builder()
-        .host_devices(2)
-        .host_device_memory(CAPACITY)
-        .host_max_alloc_size(MAX_ALLOC)
-        .build()
-        .unwrap();
+    let rt = runtime_with_max_alloc(2, CAPACITY, MAX_ALLOC);
     let devs = rt.driver().devices();
     let ctx = rt.driver().create_context().unwrap();
     let mut eng = Engines {

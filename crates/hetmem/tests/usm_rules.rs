@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::runtime_with_max_alloc;
+
 use common::ze::{
     INVALID_ARGUMENT, OUT_OF_DEVICE_MEMORY, OUT_OF_HOST_MEMORY, UNSUPPORTED_ALIGNMENT,
     UNSUPPORTED_SIZE,
@@ -18,12 +20,7 @@ const MAX_ALLOC: u64 = 8 << 20;
 const HOST_PAGE: usize = 4096;
 
 fn setup() -> (Runtime, Device, Context) {
-    let rt = Runtime::builder()
-        .host_devices(2)
-        .host_device_memory(CAPACITY)
-        .host_max_alloc_size(MAX_ALLOC)
-        .build()
-        .expect("runtime");
+    let rt = runtime_with_max_alloc(2, CAPACITY, MAX_ALLOC);
     let dev = rt.driver().device(0).unwrap();
     let ctx = rt.driver().create_context().unwrap();
     (rt, dev, ctx)

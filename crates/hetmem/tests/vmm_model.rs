@@ -20,6 +20,8 @@
 
 mod common;
 
+use common::runtime_with_max_alloc;
+
 use common::ze::{
     HANDLE_OBJECT_IN_USE, INVALID_ARGUMENT, INVALID_NULL_HANDLE, INVALID_NULL_POINTER,
     OUT_OF_DEVICE_MEMORY, UNSUPPORTED_ALIGNMENT, UNSUPPORTED_SIZE,
@@ -701,12 +703,7 @@ struct Harness {
 
 impl Harness {
     fn new() -> Harness {
-        let rt = Runtime::builder()
-            .host_devices(1)
-            .host_device_memory(CAPACITY)
-            .host_max_alloc_size(CAPACITY)
-            .build()
-            .expect("runtime");
+        let rt = runtime_with_max_alloc(1, CAPACITY, CAPACITY);
         let dev = rt.driver().device(0).expect("device 0");
         let ctx = rt.driver().create_context().expect("context");
         // The model's page-size rule is the query's answer.

@@ -52,6 +52,16 @@ pub fn runtime_with(devices: u32, device_memory: u64) -> Runtime {
         .expect("runtime")
 }
 
+/// [`runtime_with`], with `max_alloc` bytes as the largest single allocation.
+pub fn runtime_with_max_alloc(devices: u32, device_memory: u64, max_alloc: u64) -> Runtime {
+    Runtime::builder()
+        .host_devices(devices)
+        .host_device_memory(device_memory)
+        .host_max_alloc_size(max_alloc)
+        .build()
+        .expect("runtime")
+}
+
 /// [`runtime_with`] and a context of it.
 pub fn context_with(devices: u32, device_memory: u64) -> (Runtime, Context) {
     let rt = runtime_with(devices, device_memory);
