@@ -2,26 +2,9 @@
 //! page sizes and the configuration in force; `hetmem bench <group> --json FILE` writes every
 //! figure with `*_ratio` fields; bad input gives a clear error and a non-zero exit.
 
-use std::process::{Command, Output};
+mod common;
 
-/// Runs the built `hetmem` with `args`, every inherited `HETMEM_` variable removed and `env`
-/// set.
-fn hetmem(args: &[&str], env: &[(&str, &str)]) -> (Output, String, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_hetmem"));
-    c.args(args);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("HETMEM_") {
-            c.env_remove(k);
-        }
-    }
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    let o = c.output().expect("run hetmem");
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    (o, out, err)
-}
+use common::hetmem;
 
 #[test]
 fn info_prints_backend_driver_devices_page_sizes_and_configuration() {

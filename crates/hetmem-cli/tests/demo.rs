@@ -2,8 +2,10 @@
 //! memory pressure, and on bad input. Small model shapes keep these fast where the point is not
 //! the real shape.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 /// The Azure conversation trace in `shared/`, found by walking up from this crate.
 fn conv_trace() -> Option<PathBuf> {
@@ -16,17 +18,16 @@ fn conv_trace() -> Option<PathBuf> {
 /// Runs `hetmem demo --scene kv-cache ARGS` on the host backend with `device_memory` per device
 /// (2 devices). The other scenes have tests of their own.
 fn demo(args: &[&str], device_memory: &str) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_hetmem"));
-    c.arg("demo").args(["--scene", "kv-cache"]).args(args);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("HETMEM_") {
-            c.env_remove(k);
-        }
-    }
-    c.env("HETMEM_BACKEND", "host")
-        .env("HETMEM_HOST_DEVICES", "2")
-        .env("HETMEM_HOST_DEVICE_MEMORY", device_memory);
-    c.output().expect("run hetmem")
+    let all: Vec<&str> = ["demo", "--scene", "kv-cache"]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    let env = [
+        ("HETMEM_BACKEND", "host"),
+        ("HETMEM_HOST_DEVICES", "2"),
+        ("HETMEM_HOST_DEVICE_MEMORY", device_memory),
+    ];
+    common::hetmem(&all, &env).0
 }
 
 fn text(o: &Output) -> (String, String) {

@@ -2,7 +2,7 @@
 //! policies of `zeMemFreeExt` on a queued 512 MiB copy, with its times and the device capacity
 //! over time, and checks each promise itself (a broken one exits non-zero).
 
-use std::process::Command;
+mod common;
 
 /// Parses the milliseconds at the start of a timeline line (`    12.345 ms  device used ...`).
 fn ms_of(line: &str) -> f64 {
@@ -26,16 +26,7 @@ fn line(out: &str, section: &str, what: &str) -> String {
 
 #[test]
 fn free_policies_scene_shows_blocking_defer_and_free_now_on_a_queued_512mib_copy() {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_hetmem"));
-    c.args(["demo", "--scene", "free-policies"]);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("HETMEM_") {
-            c.env_remove(k);
-        }
-    }
-    let o = c.output().expect("run hetmem");
-    let out = String::from_utf8_lossy(&o.stdout);
-    let err = String::from_utf8_lossy(&o.stderr);
+    let (o, out, err) = common::hetmem(&["demo", "--scene", "free-policies"], &[]);
     assert!(o.status.success(), "exit {:?}\n{out}\n{err}", o.status);
     assert!(out.contains("queued 512 MiB copy host -> device"), "{out}");
     assert!(out.contains("supports policies 0x3"), "{out}");

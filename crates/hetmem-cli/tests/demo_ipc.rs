@@ -2,20 +2,11 @@
 //! handle, a server process opens it, checksums every tensor and compares the time against
 //! per-tensor handles; the trainer checks the checksums (a mismatch exits non-zero).
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn ipc_scene_shares_weights_between_two_processes_with_one_range_handle() {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_hetmem"));
-    c.args(["demo", "--scene", "ipc"]);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("HETMEM_") {
-            c.env_remove(k);
-        }
-    }
-    let o = c.output().expect("run hetmem");
-    let out = String::from_utf8_lossy(&o.stdout);
-    let err = String::from_utf8_lossy(&o.stderr);
+    let (o, out, err) = common::hetmem(&["demo", "--scene", "ipc"], &[]);
     assert!(o.status.success(), "exit {:?}\n{out}\n{err}", o.status);
     assert!(out.contains("72 tensors"), "{out}");
     assert!(out.contains("published: 1 range handle (64 bytes"), "{out}");

@@ -1,20 +1,11 @@
 //! `hetmem demo --scene managed` end to end: the built binary processes a working set 4x one
 //! device in chunks with prefetch, and checks its results itself (non-zero exit otherwise).
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn managed_scene_processes_a_working_set_larger_than_the_device_and_verifies_it() {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_hetmem"));
-    c.args(["demo", "--scene", "managed"]);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("HETMEM_") {
-            c.env_remove(k);
-        }
-    }
-    let o = c.output().expect("run hetmem");
-    let out = String::from_utf8_lossy(&o.stdout);
-    let err = String::from_utf8_lossy(&o.stderr);
+    let (o, out, err) = common::hetmem(&["demo", "--scene", "managed"], &[]);
     assert!(o.status.success(), "exit {:?}\n{out}\n{err}", o.status);
     assert!(
         out.contains("a 256 MiB working set on a device of 64 MiB"),

@@ -276,7 +276,8 @@ impl SyncStatus {
 /// or running work may still reference.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FreePolicy {
-    /// 0 (default): free now. The pointer is invalid and the device capacity back at once; if
+    /// 0 (default): free now. The pointer is invalid and the device capacity back at once
+    /// (unless IPC exports or views of the memory hold it: see [`crate::Context::free_memory`]); if
     /// work still references the memory, its pages stay mapped to it (so no later allocation
     /// can be given that address and the engine never touches anyone else's memory) until that
     /// work finishes, then go.

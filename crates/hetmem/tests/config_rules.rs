@@ -5,16 +5,18 @@
 //! The environment cases run in real child processes (this test binary, one test, selected by
 //! `HETMEM_CONFIG_CHILD`), so no test changes the environment of a process running others.
 
+mod common;
+
+use common::ze::INVALID_ARGUMENT;
+
 use hetmem::Runtime;
 
-const INVALID_ARGUMENT: u32 = 0x7800_0004;
 const CHILD: &str = "HETMEM_CONFIG_CHILD";
 
 /// Runs test `name` of this binary in a child with `env` set (and every other `HETMEM_`
 /// variable removed); panics with its output unless it succeeds.
 fn in_child(name: &str, env: &[(&str, &str)]) {
-    let mut c = std::process::Command::new(std::env::current_exe().unwrap());
-    c.args(["--exact", name, "--nocapture", "--test-threads=1"]);
+    let mut c = common::test_in_child(name);
     for (k, _) in std::env::vars() {
         if k.starts_with("HETMEM_") {
             c.env_remove(k);
@@ -25,11 +27,7 @@ fn in_child(name: &str, env: &[(&str, &str)]) {
         c.env(k, v);
     }
     let out = c.output().unwrap();
-    let text = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = common::output_text(&out);
     assert!(out.status.success(), "child {name} failed:\n{text}");
     assert!(text.contains("1 passed"), "child ran no test:\n{text}");
 }

@@ -2,14 +2,14 @@
 //! 2,000 opens of one handle give 2,000 pointers, and after closing them (and putting the
 //! handles, or dropping the context) fds, mappings, exports and views are back where they were.
 
-mod ipc_common;
+mod common;
 
 use std::collections::HashSet;
 
+use common::*;
 use hetmem::ipc::{live_exports, open_views};
 use hetmem::platform::open_fd_count;
 use hetmem::IpcProperties;
-use ipc_common::*;
 
 /// Mappings of memfds (every view of an opened handle is one or more); the process's other
 /// mappings (C library arenas, thread stacks) come and go on their own.

@@ -19,6 +19,15 @@
 //! OS page) per page; writes only touch probe words, and every probe word of every pointer the
 //! model knows is compared after each step.
 
+mod common;
+
+use common::runtime_with;
+
+use common::ze::{
+    ADDRESS_NOT_FOUND, HANDLE_OBJECT_IN_USE, INVALID_ARGUMENT, INVALID_NULL_POINTER, INVALID_SIZE,
+    UNSUPPORTED_ALIGNMENT,
+};
+
 use std::collections::HashMap;
 use std::sync::{Once, OnceLock};
 
@@ -37,13 +46,6 @@ const RES_PAGES: usize = 4;
 /// Reservations in the arena (adjacent).
 const RESERVATIONS: usize = 3;
 const ARENA_PAGES: usize = RES_PAGES * RESERVATIONS;
-
-const INVALID_ARGUMENT: u32 = 0x7800_0004;
-const HANDLE_OBJECT_IN_USE: u32 = 0x7800_0006;
-const INVALID_NULL_POINTER: u32 = 0x7800_0007;
-const INVALID_SIZE: u32 = 0x7800_0008;
-const UNSUPPORTED_ALIGNMENT: u32 = 0x7800_000a;
-const ADDRESS_NOT_FOUND: u32 = 0x7800_0021;
 
 /// Memory the model knows: an allocation or a physical object (model ids, never reused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -233,15 +235,8 @@ fn probe_addr(base: usize, sub: usize, probe: u8, page: usize) -> usize {
     base + sub * page + if probe == 0 { 0 } else { page - 8 }
 }
 
-fn read(addr: usize) -> u64 {
-    // SAFETY: the model only reads probe words of memory mapped read-write.
-    unsafe { (addr as *const u64).read_volatile() }
-}
-
-fn write(addr: usize, v: u64) {
-    // SAFETY: the model only writes probe words of memory mapped read-write.
-    unsafe { (addr as *mut u64).write_volatile(v) }
-}
+// The model only reads and writes probe words of memory mapped read-write.
+use common::{read, write};
 
 impl Model {
     fn fresh(&mut self) -> usize {
@@ -727,11 +722,7 @@ fn check(w: &World, m: &Model) -> std::result::Result<(), TestCaseError> {
 }
 
 fn world() -> World {
-    let rt = Runtime::builder()
-        .host_devices(1)
-        .host_device_memory(64 << 20)
-        .build()
-        .unwrap();
+    let rt = runtime_with(1, 64 << 20);
     let d = rt.driver().clone();
     let ctx = d.create_context().unwrap();
     let arena = adjacent(&ctx);

@@ -1,5 +1,6 @@
 //! IPC across real processes: the test binary re-executes itself as the other process
-//! (`HETMEM_IPC_CASE` selects what the child does; without it the child test returns at once).
+//! (`HETMEM_CHILD_CASE` selects what the child does; without it the child test returns at once;
+//! the harness is `common::Proc`).
 //! The two processes talk over the child's stdin / stdout lines, never sleeps.
 //!
 //! Covered: allocations, physical objects and a range of 3 reservations and 7 objects (non-zero
@@ -8,89 +9,19 @@
 //! opens in another process; forged token, put and stale handles through the broker; the
 //! exporter gone before open (error) and after open (the view stays valid).
 
-mod ipc_common;
+mod common;
 
-use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
+use common::*;
 use hetmem::platform::open_fd_count;
 use hetmem::{Context, IpcHandle};
-use ipc_common::*;
 
-const CASE: &str = "HETMEM_IPC_CASE";
-
-fn temp(name: &str) -> PathBuf {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    std::env::temp_dir().join(format!("hetmem-ipc-{}-{n}-{name}", std::process::id()))
-}
-
-struct Proc {
-    child: Child,
-    stdin: ChildStdin,
-    out: BufReader<ChildStdout>,
-}
-
-impl Proc {
-    fn spawn(case: &str, env: &[(&str, String)]) -> Proc {
-        let mut c = Command::new(std::env::current_exe().unwrap());
-        c.args(["--exact", "child", "--nocapture", "--test-threads=1", "-q"])
-            .env(CASE, case)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        let mut child = c.spawn().expect("spawn child");
-        let stdin = child.stdin.take().unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        Proc { child, stdin, out }
-    }
-    /// The next line the child printed that starts with `@` (the harness prints others).
-    fn line(&mut self) -> String {
-        loop {
-            let mut l = String::new();
-            if self.out.read_line(&mut l).unwrap() == 0 {
-                panic!("child ended early: {:?}", self.child.wait());
-            }
-            if let Some(m) = l.strip_prefix('@') {
-                return m.trim().to_string();
-            }
-        }
-    }
-    fn say(&mut self, s: &str) {
-        writeln!(self.stdin, "{s}").unwrap();
-        self.stdin.flush().unwrap();
-    }
-    fn finish(mut self) {
-        drop(self.stdin);
-        let st = self.child.wait().unwrap();
-        assert!(st.success(), "child failed: {st}");
-    }
-}
-
-fn read_stdin_line() -> String {
-    let mut l = String::new();
-    std::io::stdin().read_line(&mut l).unwrap();
-    l.trim().to_string()
-}
-
-fn env(k: &str) -> String {
-    std::env::var(k).unwrap_or_default()
-}
-
-fn read_handle(path: &str) -> IpcHandle {
-    let b = std::fs::read(path).unwrap();
-    IpcHandle::from_bytes(b.try_into().expect("64 bytes"))
-}
-
-/// The child: one of the cases below, selected by `HETMEM_IPC_CASE`.
+/// The child: one of the cases below, selected by `HETMEM_CHILD_CASE`.
 #[test]
-fn child() {
-    let Ok(case) = std::env::var(CASE) else {
+fn child_case_runner() {
+    let Some(case) = child_case() else {
         return;
     };
     // `PIECES`: the child driver's range-piece limit.
@@ -130,25 +61,88 @@ fn child() {
             }
         }
         "export_and_exit" => {
-            let e = make_alloc(&ctx);
-            fill(e.ptr, e.size, 0xabcd);
-            let h = ctx.get_ipc_handle(e.ptr).unwrap();
+            let wait = env("WAIT") == "1";
+            let line = child_export_alloc(&ctx, wait);
+            if wait {
+                assert_eq!(line, "exit");
+            }
+        }
+        // Exports a 1 MiB allocation (KIND=alloc) or the range of `make_range` (KIND=range),
+        // writes the handle to FILE, says @ready and serves opens until it is killed.
+        "export_until_killed" => {
+            let (e, h) = if env("KIND") == "range" {
+                let (e, _) = make_range(&ctx);
+                let props = hetmem::IpcProperties {
+                    range_size: Some(e.size),
+                    ..Default::default()
+                };
+                let h = ctx.get_ipc_handle_with_properties(e.ptr, &props).unwrap();
+                (e, h)
+            } else {
+                let e = make_alloc(&ctx);
+                let h = ctx.get_ipc_handle(e.ptr).unwrap();
+                (e, h)
+            };
             std::fs::write(env("FILE"), h.as_bytes()).unwrap();
-            if !env("SOCK").is_empty() {
-                let s = UnixStream::connect(env("SOCK")).unwrap();
-                // SAFETY: the handle's fd is open in this process until put.
-                let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(h.fd()) };
-                send_fds(s.as_fd(), b"x", &[fd]).unwrap();
-            }
             println!("@ready");
-            if env("WAIT") == "1" {
-                assert_eq!(read_stdin_line(), "exit");
-            }
+            // Killed while waiting here.
+            let _ = read_stdin_line();
             ctx.put_ipc_handle(&h).unwrap();
             e.destroy(&ctx);
         }
+        // Listens under a broker name of this process, says @ready with its pid and nonce,
+        // accepts one requester, goes as far as PHASE in answering it and exits.
+        "broker_dies" => fake_broker_that_dies(&env("PHASE")),
         other => panic!("unknown case {other}"),
     }
+}
+
+/// The nonce of the fake broker of `broker_dies`.
+const FAKE_NONCE: u32 = 0x5eed_0001;
+
+/// A broker that dies after accepting, at `phase`: `accept` (before reading the request),
+/// `request` (after reading it), `head` (after the reply header announcing one piece and one
+/// fd), `payload` (after the piece list, before the fd).
+fn fake_broker_that_dies(phase: &str) -> ! {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let pid = std::process::id();
+    let l = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    let name = runtime().driver().ipc_broker_name(pid, FAKE_NONCE);
+    rustix::net::bind(
+        &l,
+        &SocketAddrUnix::new_abstract_name(name.as_bytes()).unwrap(),
+    )
+    .unwrap();
+    rustix::net::listen(&l, 8).unwrap();
+    println!("@ready {pid}");
+    let c = rustix::net::accept(&l).unwrap();
+    if phase != "accept" {
+        let mut req = [0u8; 64];
+        assert_eq!(recv_fds(c.as_fd(), &mut req, 1).unwrap().0, 64);
+    }
+    if phase == "head" || phase == "payload" {
+        // The reply header: magic, status 0, payload of one piece, one fd.
+        let mut head = Vec::new();
+        head.extend_from_slice(b"HMBR");
+        head.extend_from_slice(&0u32.to_le_bytes());
+        head.extend_from_slice(&(16u64 + 24).to_le_bytes());
+        head.extend_from_slice(&1u64.to_le_bytes());
+        send_fds(c.as_fd(), &head, &[]).unwrap();
+    }
+    if phase == "payload" {
+        let mut piece = Vec::new();
+        for v in [1u64 << 20, 1, 0, 0, 1 << 20] {
+            piece.extend_from_slice(&v.to_le_bytes());
+        }
+        send_fds(c.as_fd(), &piece, &[]).unwrap();
+    }
+    std::process::exit(0);
 }
 
 fn child_import(ctx: &Context) {
@@ -178,7 +172,7 @@ fn child_import(ctx: &Context) {
 
 /// Exports `e`, hands it to a child over `transport` ("fd" or "bytes"), and checks that writes
 /// go both ways.
-fn share_both_ways(ctx: &Context, e: &ipc_common::Exported, h: IpcHandle, transport: &str) {
+fn share_both_ways(ctx: &Context, e: &common::Exported, h: IpcHandle, transport: &str) {
     let seed = 1000u64;
     fill(e.ptr, e.size, seed);
     let file = temp("handle");
@@ -333,16 +327,6 @@ fn an_importer_refuses_a_range_handle_of_more_pieces_than_its_driver_carries() {
     e.destroy(&ctx);
 }
 
-/// FNV-1a over bytes 4..60 into 60..64: the checksum catches corruption, not forgery.
-fn reseal(h: &mut IpcHandle) {
-    let mut x: u32 = 0x811c_9dc5;
-    for &b in &h.data[4..60] {
-        x ^= b as u32;
-        x = x.wrapping_mul(0x0100_0193);
-    }
-    h.data[60..64].copy_from_slice(&x.to_le_bytes());
-}
-
 #[test]
 fn forged_token_put_and_stale_handles_are_refused_by_the_broker() {
     let rt = runtime();
@@ -380,21 +364,7 @@ fn forged_token_put_and_stale_handles_are_refused_by_the_broker() {
 fn exporter_gone_before_open_is_an_error_but_an_fd_received_before_still_opens() {
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
-    let file = temp("handle");
-    let sock = temp("sock");
-    let listener = UnixListener::bind(&sock).unwrap();
-    let mut c = Proc::spawn(
-        "export_and_exit",
-        &[
-            ("FILE", file.display().to_string()),
-            ("SOCK", sock.display().to_string()),
-        ],
-    );
-    let (conn, _) = listener.accept().unwrap();
-    let mut b = [0u8; 1];
-    let (_, mut fds) = recv_fds(conn.as_fd(), &mut b, 1).unwrap();
-    let fd = fds.pop().unwrap();
-    assert_eq!(c.line(), "ready");
+    let (c, fd, file) = spawn_exporter_sending_fd("export_and_exit");
     c.finish();
     let h = read_handle(&file.display().to_string());
     // The 64 bytes alone: nobody serves them any more.
@@ -407,10 +377,107 @@ fn exporter_gone_before_open_is_an_error_but_an_fd_received_before_still_opens()
     let mut with_fd = h;
     with_fd.set_fd(fd.as_raw_fd());
     let p = ctx.open_ipc_handle(&with_fd, 0).unwrap();
-    assert_eq!(check(p, 1 << 20, 0xabcd), None);
+    assert_eq!(check(p, 1 << 20, EXPORTED_SEED), None);
     ctx.close_ipc_handle(p).unwrap();
     let _ = std::fs::remove_file(&file);
-    let _ = std::fs::remove_file(&sock);
+}
+
+/// The message of an open whose exporter is gone, whatever the moment it went.
+fn assert_exporter_gone(e: &hetmem::Error, pid: u32) {
+    assert_eq!(e.ze_result(), 0x7800_0004, "{e}");
+    assert!(
+        e.message()
+            .contains(&format!("the exporting process {pid} is gone")),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_exporter_dying_after_accepting_the_request_is_the_exporter_gone_error() {
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let e = make_alloc(&ctx);
+    let real = ctx.get_ipc_handle(e.ptr).unwrap();
+    for phase in ["accept", "request", "head", "payload"] {
+        let mut c = Proc::spawn("broker_dies", &[("PHASE", phase.into())]);
+        let pid: u32 = c.line().strip_prefix("ready ").unwrap().parse().unwrap();
+        // The real handle's bytes, naming the fake broker's process and name.
+        let mut h = real;
+        h.data[12..16].copy_from_slice(&pid.to_le_bytes());
+        h.data[16..20].copy_from_slice(&FAKE_NONCE.to_le_bytes());
+        h.set_fd(-1);
+        reseal(&mut h);
+        let t = std::time::Instant::now();
+        let err = ctx.open_ipc_handle(&h, 0).unwrap_err();
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(2),
+            "{phase}: the open took {:?}",
+            t.elapsed()
+        );
+        assert_exporter_gone(&err, pid);
+        c.finish();
+    }
+    ctx.put_ipc_handle(&real).unwrap();
+    e.destroy(&ctx);
+}
+
+#[test]
+fn an_exporter_killed_at_random_moments_during_opens_is_always_the_exporter_gone_error() {
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let start = std::time::Instant::now();
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64
+        | 1;
+    let mut rounds = 0;
+    let mut failed = 0;
+    // Bounded: 40 rounds or 20 s, whichever comes first (at least 5 rounds).
+    while rounds < 40 && (rounds < 5 || start.elapsed() < std::time::Duration::from_secs(20)) {
+        let file = temp("handle");
+        let kind = if rounds % 2 == 0 { "alloc" } else { "range" };
+        let mut c = Proc::spawn(
+            "export_until_killed",
+            &[("FILE", file.display().to_string()), ("KIND", kind.into())],
+        );
+        assert_eq!(c.line(), "ready");
+        let h = read_handle(&file.display().to_string());
+        let pid = h.exporter_pid().unwrap();
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let delay = std::time::Duration::from_micros(seed % 3000);
+        // Each importer opens (and closes) until its first failure: once the exporter is
+        // dead every open fails, so each ends.
+        let errors: Vec<(hetmem::Error, std::time::Duration)> = std::thread::scope(|s| {
+            let importers: Vec<_> = (0..3)
+                .map(|_| {
+                    s.spawn(|| loop {
+                        let t = std::time::Instant::now();
+                        match ctx.open_ipc_handle(&h, 0) {
+                            Ok(p) => ctx.close_ipc_handle(p).unwrap(),
+                            Err(e) => break (e, t.elapsed()),
+                        }
+                    })
+                })
+                .collect();
+            std::thread::sleep(delay);
+            c.kill();
+            importers.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        for (e, took) in &errors {
+            assert_exporter_gone(e, pid);
+            assert!(
+                *took < std::time::Duration::from_secs(2),
+                "a failed open took {took:?}: {e}"
+            );
+        }
+        failed += errors.len();
+        rounds += 1;
+        let _ = std::fs::remove_file(&file);
+    }
+    assert_eq!(failed, 3 * rounds, "each importer ends with one failure");
 }
 
 #[test]
@@ -427,7 +494,7 @@ fn view_stays_valid_after_the_exporter_frees_and_exits() {
     let p = ctx.open_ipc_handle(&h, 0).unwrap();
     c.say("exit");
     c.finish();
-    assert_eq!(check(p, 1 << 20, 0xabcd), None);
+    assert_eq!(check(p, 1 << 20, EXPORTED_SEED), None);
     fill(p, 1 << 20, 5);
     assert_eq!(check(p, 1 << 20, 5), None);
     ctx.close_ipc_handle(p).unwrap();

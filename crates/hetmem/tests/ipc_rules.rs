@@ -1,16 +1,18 @@
 //! IPC rules inside one process: range handles (every bullet of the range descriptor), handle
 //! types, open / close / put codes, opening in the exporting process.
 
-mod ipc_common;
+mod common;
+
+use common::ze::OUT_OF_DEVICE_MEMORY;
 
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use common::*;
 use hetmem::platform::open_fd_count;
 use hetmem::{
     AccessAttribute, AllocDesc, Context, IpcHandle, IpcHandleTypes, IpcProperties,
     PhysicalMemoryFlags,
 };
-use ipc_common::*;
 
 /// Tests that count the process's fds hold this lock for writing (alone); every other test
 /// holds it for reading, so no fd comes or goes while a count is compared.
@@ -540,4 +542,165 @@ fn handle_types_chained_at_creation_go_with_the_memory_and_do_not_accumulate() {
     assert_eq!(d.ipc_stats().typed_allocations, 1);
     drop(other);
     assert_eq!(d.ipc_stats(), hetmem::ipc::IpcStats::default());
+}
+
+// Case 1 of `shared/cases/ipc.md`: memory kept alive by live IPC exports still counts against
+// the device's capacity.
+
+const M2: usize = 2 << 20;
+
+/// A driver with one device of 64 MiB (32 objects of 2 MiB).
+fn runtime_64m() -> hetmem::Runtime {
+    runtime_with(1, 64 << 20)
+}
+
+/// Creates 2 MiB of device memory, exports it through route `i % 3` (physical handles: the
+/// object itself, a mapped VA, a range over the mapping; allocations: device, shared with a
+/// device, device freed with DEFER), then destroys or frees the memory, 200 times while every
+/// export stays alive; checks that creation fails with `OutOfDeviceMemory` once the device is
+/// full and that `used` always counts the memory the exports hold. Returns the exports.
+fn export_and_destroy_200_times(ctx: &Context, physical: bool) -> Vec<IpcHandle> {
+    let dev = ctx.driver().device(0).unwrap();
+    let mut handles = Vec::new();
+    for i in 0..200 {
+        let made = if physical {
+            ctx.create_physical_memory(Some(&dev), PhysicalMemoryFlags::AllocateOnDevice, M2)
+                .map(|o| {
+                    let r = ctx.reserve(None, M2).unwrap();
+                    ctx.map(r.base, M2, o, 0, AccessAttribute::ReadWrite)
+                        .unwrap();
+                    let h = match i % 3 {
+                        0 => ctx.get_physical_memory_ipc_handle(o, None).unwrap(),
+                        1 => ctx.get_ipc_handle(r.base + K64).unwrap(),
+                        _ => ctx
+                            .get_ipc_handle_with_properties(r.base, &range(M2))
+                            .unwrap(),
+                    };
+                    ctx.free_reservation(r).unwrap();
+                    ctx.destroy_physical_memory(o).unwrap();
+                    h
+                })
+        } else {
+            let desc = AllocDesc::new(M2);
+            match i % 3 {
+                1 => ctx.alloc_shared(Some(&dev), &desc),
+                _ => ctx.alloc_device(&dev, &desc),
+            }
+            .map(|p| {
+                let h = ctx.get_ipc_handle(p).unwrap();
+                match i % 3 {
+                    2 => ctx.free_memory_ext(p, hetmem::FreePolicy::Defer).unwrap(),
+                    _ => ctx.free_memory(p).unwrap(),
+                }
+                h
+            })
+        };
+        match made {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                assert_eq!(e.ze_result(), OUT_OF_DEVICE_MEMORY, "creation {i}: {e}");
+                assert_eq!(handles.len(), 32, "creation {i} failed with room left: {e}");
+            }
+        }
+        assert_eq!(
+            dev.used_memory(),
+            (handles.len() * M2) as u64,
+            "after creation {i}, {} exports hold {} MiB",
+            handles.len(),
+            handles.len() * 2
+        );
+    }
+    assert_eq!(handles.len(), 32, "the device holds 32 objects of 2 MiB");
+    handles
+}
+
+/// Puts the handles one by one: each put gives back its 2 MiB, the last one all of it.
+fn put_all_giving_capacity_back(ctx: &Context, handles: Vec<IpcHandle>) {
+    let dev = ctx.driver().device(0).unwrap();
+    let n = handles.len();
+    for (i, h) in handles.iter().enumerate() {
+        ctx.put_ipc_handle(h).unwrap();
+        assert_eq!(
+            dev.used_memory(),
+            ((n - i - 1) * M2) as u64,
+            "after put {i}"
+        );
+    }
+}
+
+#[test]
+fn physical_memory_destroyed_while_exported_counts_against_the_device_until_the_last_put() {
+    let _g = shared();
+    let rt = runtime_64m();
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device(0).unwrap();
+    let handles = export_and_destroy_200_times(&ctx, true);
+    assert_eq!(rt.driver().vm_stats().physical_objects, 0);
+    put_all_giving_capacity_back(&ctx, handles);
+    // The whole device is free again.
+    let o = ctx
+        .create_physical_memory(Some(&dev), PhysicalMemoryFlags::AllocateOnDevice, 64 << 20)
+        .unwrap();
+    ctx.destroy_physical_memory(o).unwrap();
+    assert_eq!(dev.used_memory(), 0);
+}
+
+#[test]
+fn usm_allocations_freed_while_exported_count_against_the_device_until_the_last_put() {
+    let _g = shared();
+    let rt = runtime_64m();
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device(0).unwrap();
+    let handles = export_and_destroy_200_times(&ctx, false);
+    assert_eq!(rt.driver().usm_stats().allocations, 0);
+    put_all_giving_capacity_back(&ctx, handles);
+    for _ in 0..2 {
+        let p = ctx.alloc_device(&dev, &AllocDesc::new(32 << 20)).unwrap();
+        ctx.free_memory(p).unwrap();
+    }
+    assert_eq!(dev.used_memory(), 0);
+}
+
+#[test]
+fn capacity_of_memory_exported_twice_and_opened_here_comes_back_with_the_last_put_or_close() {
+    let _g = shared();
+    let rt = runtime_64m();
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device(0).unwrap();
+    for kind in ["allocation", "physical object"] {
+        let e = match kind {
+            "allocation" => make_alloc(&ctx),
+            _ => make_physical(&ctx),
+        };
+        let bytes = dev.used_memory();
+        assert!(bytes > 0);
+        let h1 = ctx.get_ipc_handle(e.ptr).unwrap();
+        let h2 = ctx.get_ipc_handle(e.ptr).unwrap();
+        let v = ctx.open_ipc_handle(&h1, 0).unwrap();
+        fill(e.ptr, e.size, 9);
+        e.destroy(&ctx);
+        assert_eq!(dev.used_memory(), bytes, "two exports and a view hold it");
+        ctx.put_ipc_handle(&h1).unwrap();
+        assert_eq!(dev.used_memory(), bytes, "an export and a view hold it");
+        ctx.put_ipc_handle(&h2).unwrap();
+        assert_eq!(dev.used_memory(), bytes, "the view holds it");
+        assert_eq!(check(v, 1 << 20, 9), None, "the view still has the memory");
+        ctx.close_ipc_handle(v).unwrap();
+        assert_eq!(dev.used_memory(), 0, "{kind}: the last close gives it back");
+    }
+}
+
+#[test]
+fn capacity_held_by_exports_comes_back_when_their_context_is_destroyed() {
+    let _g = shared();
+    let rt = runtime_64m();
+    let dev = rt.driver().device(0).unwrap();
+    let ctx = rt.driver().create_context().unwrap();
+    let e = make_physical(&ctx);
+    let _h = ctx.get_ipc_handle(e.ptr).unwrap();
+    let _v = ctx.open_ipc_handle(&_h, 0).unwrap();
+    e.destroy(&ctx);
+    assert_eq!(dev.used_memory(), M2 as u64);
+    drop(ctx);
+    assert_eq!(dev.used_memory(), 0);
 }

@@ -1,5 +1,5 @@
 //! IPC security and robustness rules, across real processes where the rule is cross-process
-//! (the test binary re-executes itself; `HETMEM_IPC_SEC_CASE` selects the child's part).
+//! (the test binary re-executes itself; `HETMEM_CHILD_CASE` selects the child's part).
 //!
 //! - the importer checks the broker's `SO_PEERCRED` before sending a token: a process squatting
 //!   a vanished exporter's broker name gets nothing and the open fails;
@@ -10,125 +10,37 @@
 //! - range handles: memory that is not reserved VA -> `InvalidArgument`, holes ->
 //!   `AddressNotFound`.
 
-mod ipc_common;
+mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use common::ze::{ADDRESS_NOT_FOUND, INVALID_ARGUMENT};
+
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::*;
 use hetmem::platform::open_fd_count;
-use hetmem::{IpcHandle, IpcProperties};
-use ipc_common::*;
+use hetmem::IpcProperties;
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
-
-const CASE: &str = "HETMEM_IPC_SEC_CASE";
 
 /// The tests count process-wide things (fds, exports, broker peers): one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-const INVALID_ARGUMENT: u32 = 0x7800_0004;
-const ADDRESS_NOT_FOUND: u32 = 0x7800_0021;
-
-fn temp(name: &str) -> PathBuf {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    std::env::temp_dir().join(format!("hetmem-ipcsec-{}-{n}-{name}", std::process::id()))
-}
-
-struct Proc {
-    child: Child,
-    stdin: ChildStdin,
-    out: BufReader<ChildStdout>,
-}
-
-impl Proc {
-    fn spawn(case: &str, env: &[(&str, String)]) -> Proc {
-        let mut c = Command::new(std::env::current_exe().unwrap());
-        c.args(["--exact", "child", "--nocapture", "--test-threads=1", "-q"])
-            .env(CASE, case)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        let mut child = c.spawn().expect("spawn child");
-        let stdin = child.stdin.take().unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        Proc { child, stdin, out }
-    }
-    fn line(&mut self) -> String {
-        loop {
-            let mut l = String::new();
-            if self.out.read_line(&mut l).unwrap() == 0 {
-                panic!("child ended early: {:?}", self.child.wait());
-            }
-            if let Some(m) = l.strip_prefix('@') {
-                return m.trim().to_string();
-            }
-        }
-    }
-    fn say(&mut self, s: &str) {
-        writeln!(self.stdin, "{s}").unwrap();
-        self.stdin.flush().unwrap();
-    }
-    fn finish(mut self) {
-        drop(self.stdin);
-        let st = self.child.wait().unwrap();
-        assert!(st.success(), "child failed: {st}");
-    }
-}
-
-fn env(k: &str) -> String {
-    std::env::var(k).unwrap_or_default()
-}
-
-fn read_handle(path: &str) -> IpcHandle {
-    let b = std::fs::read(path).unwrap();
-    IpcHandle::from_bytes(b.try_into().expect("64 bytes"))
-}
-
-/// FNV-1a over bytes 4..60 into 60..64 (the checksum catches corruption, not forgery).
-fn reseal(h: &mut IpcHandle) {
-    let mut x: u32 = 0x811c_9dc5;
-    for &b in &h.data[4..60] {
-        x ^= b as u32;
-        x = x.wrapping_mul(0x0100_0193);
-    }
-    h.data[60..64].copy_from_slice(&x.to_le_bytes());
+    lock(&SERIAL)
 }
 
 #[test]
-fn child() {
-    let Ok(case) = std::env::var(CASE) else {
+fn child_case_runner() {
+    let Some(case) = child_case() else {
         return;
     };
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
     match case.as_str() {
-        // Exports a 1 MiB allocation (pattern 0xabcd), writes the handle to FILE, sends its fd
+        // Exports a 1 MiB allocation (pattern EXPORTED_SEED), writes the handle to FILE, sends its fd
         // to SOCK if given, says @ready and exits when told.
         "export" => {
-            let e = make_alloc(&ctx);
-            fill(e.ptr, e.size, 0xabcd);
-            let h = ctx.get_ipc_handle(e.ptr).unwrap();
-            std::fs::write(env("FILE"), h.as_bytes()).unwrap();
-            if !env("SOCK").is_empty() {
-                let s = UnixStream::connect(env("SOCK")).unwrap();
-                // SAFETY: the handle's fd is open in this process until put.
-                let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(h.fd()) };
-                send_fds(s.as_fd(), b"x", &[fd]).unwrap();
-            }
-            println!("@ready");
-            let mut l = String::new();
-            std::io::stdin().read_line(&mut l).unwrap();
-            ctx.put_ipc_handle(&h).unwrap();
-            e.destroy(&ctx);
+            child_export_alloc(&ctx, true);
         }
         // Opens the handle in FILE (bytes only) and checks the pattern.
         "import" => {
@@ -136,7 +48,7 @@ fn child() {
             let t = Instant::now();
             let p = ctx.open_ipc_handle(&h, 0).unwrap();
             let took = t.elapsed();
-            assert_eq!(check(p, 1 << 20, 0xabcd), None);
+            assert_eq!(check(p, 1 << 20, EXPORTED_SEED), None);
             ctx.close_ipc_handle(p).unwrap();
             println!("@ok {}", took.as_millis());
         }
@@ -245,7 +157,7 @@ fn idle_broker_connections_do_not_stall_a_real_importer_and_a_flood_is_bounded()
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
     let e = make_alloc(&ctx);
-    fill(e.ptr, e.size, 0xabcd);
+    fill(e.ptr, e.size, EXPORTED_SEED);
     let h = ctx.get_ipc_handle(e.ptr).unwrap();
     let (pid, nonce) = (h.exporter_pid().unwrap(), h.broker_nonce().unwrap());
     let drv = rt.driver();
@@ -298,25 +210,64 @@ fn idle_broker_connections_do_not_stall_a_real_importer_and_a_flood_is_bounded()
 }
 
 #[test]
+fn a_broker_with_every_worker_busy_answers_busy_instead_of_hanging_up() {
+    let _serial = serial();
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let e = make_alloc(&ctx);
+    let h = ctx.get_ipc_handle(e.ptr).unwrap();
+    let (pid, nonce) = (h.exporter_pid().unwrap(), h.broker_nonce().unwrap());
+    let drv = rt.driver();
+    let name = drv.ipc_broker_name(pid, nonce);
+    let max_peers = drv.ipc_broker_stats().max_peers;
+    let peers_active = || drv.ipc_broker_stats().peers_active;
+    let request = || {
+        drv.ipc_broker_request(pid, nonce, h.as_bytes(), 4096, 1)
+            .unwrap()
+    };
+    // Every worker waits on a peer that never sends (each for at most the request timeout, so
+    // a slow machine may need another round); a request then is answered busy or, if a worker
+    // came free, served: never hung up on, which would read as "the exporter is gone".
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut busy = None;
+    while busy.is_none() && Instant::now() < deadline {
+        let idle: Vec<OwnedFd> = (0..max_peers)
+            .map(|_| connect_abstract(&name).unwrap())
+            .collect();
+        let full = Instant::now() + Duration::from_secs(5);
+        while peers_active() < max_peers && Instant::now() < full {
+            std::thread::yield_now();
+        }
+        let r = request();
+        let text = String::from_utf8_lossy(&r.payload).into_owned();
+        match r.status {
+            0 => assert_eq!(r.fds.len(), 1),
+            // The busy answer: a refusal that says why.
+            _ if text.contains("peers already") => busy = Some(text),
+            s => panic!("status {s}: {text}"),
+        }
+        drop(idle);
+    }
+    let msg = busy.expect("no busy answer with every worker taken");
+    assert!(msg.contains(&format!("serving {max_peers} peers")), "{msg}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while peers_active() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Served again once a worker is free.
+    let r = request();
+    assert_eq!(r.status, 0);
+    assert_eq!(r.fds.len(), 1);
+    ctx.put_ipc_handle(&h).unwrap();
+    e.destroy(&ctx);
+}
+
+#[test]
 fn fd_transport_matches_the_received_fd_by_device_and_inode() {
     let _serial = serial();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
-    let file = temp("handle");
-    let sock = temp("sock");
-    let listener = UnixListener::bind(&sock).unwrap();
-    let mut c = Proc::spawn(
-        "export",
-        &[
-            ("FILE", file.display().to_string()),
-            ("SOCK", sock.display().to_string()),
-        ],
-    );
-    let (conn, _) = listener.accept().unwrap();
-    let mut b = [0u8; 1];
-    let (_, mut fds) = recv_fds(conn.as_fd(), &mut b, 1).unwrap();
-    let fd = fds.pop().unwrap();
-    assert_eq!(c.line(), "ready");
+    let (mut c, fd, file) = spawn_exporter_sending_fd("export");
     c.say("exit");
     c.finish();
     let mut h = read_handle(&file.display().to_string());
@@ -330,10 +281,9 @@ fn fd_transport_matches_the_received_fd_by_device_and_inode() {
     assert!(e.message().contains("is gone"), "{e}");
     // Device and inode match: the fd itself is mapped.
     let p = ctx.open_ipc_handle(&h, 0).unwrap();
-    assert_eq!(check(p, 1 << 20, 0xabcd), None);
+    assert_eq!(check(p, 1 << 20, EXPORTED_SEED), None);
     ctx.close_ipc_handle(p).unwrap();
     let _ = std::fs::remove_file(&file);
-    let _ = std::fs::remove_file(&sock);
 }
 
 #[test]

@@ -4,6 +4,10 @@
 //! tests drive the process to that cap, so they take one lock and run one at a time, and nothing
 //! else runs in this binary.
 
+mod common;
+
+use common::runtime_with;
+
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -14,14 +18,13 @@ fn max_map_count() -> Option<u64> {
 }
 use hetmem::{
     AccessAttribute, Context, Device, Error, PhysicalMemory, PhysicalMemoryFlags, Reservation,
-    Runtime,
 };
 
 /// Serialises the tests of this binary: each one exhausts the process-wide VMA limit.
 static AT_THE_LIMIT: Mutex<()> = Mutex::new(());
 
 fn lock() -> MutexGuard<'static, ()> {
-    AT_THE_LIMIT.lock().unwrap_or_else(|e| e.into_inner())
+    common::lock(&AT_THE_LIMIT)
 }
 
 struct Setup {
@@ -32,11 +35,7 @@ struct Setup {
 }
 
 fn setup() -> Setup {
-    let rt = Runtime::builder()
-        .host_devices(1)
-        .host_device_memory(64 << 20)
-        .build()
-        .expect("runtime");
+    let rt = runtime_with(1, 64 << 20);
     let dev = rt.driver().device(0).expect("device 0");
     let ctx = rt.driver().create_context().expect("context");
     let page = ctx.query_page_size(&dev, 1).expect("page size");

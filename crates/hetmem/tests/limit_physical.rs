@@ -3,17 +3,21 @@
 //! Both tests depend on the process-wide `RLIMIT_NOFILE` (one lowers it), so they take one lock
 //! and run one at a time, and nothing else runs in this binary.
 
+mod common;
+
+use common::runtime_with;
+
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use hetmem::platform::open_fd_count;
-use hetmem::{AccessAttribute, Error, PhysicalMemory, PhysicalMemoryFlags, Runtime};
+use hetmem::{AccessAttribute, Error, PhysicalMemory, PhysicalMemoryFlags};
 
 /// Serialises the tests of this binary: both depend on the open-file limit.
 static FD_LIMIT: Mutex<()> = Mutex::new(());
 
 fn lock() -> MutexGuard<'static, ()> {
-    FD_LIMIT.lock().unwrap_or_else(|e| e.into_inner())
+    common::lock(&FD_LIMIT)
 }
 
 const OBJECTS: usize = 10_240;
@@ -50,11 +54,7 @@ impl Drop for RestoreLimit {
 #[test]
 fn ten_thousand_live_physical_objects() {
     let _g = lock();
-    let rt = Runtime::builder()
-        .host_devices(2)
-        .host_device_memory(1 << 30)
-        .build()
-        .expect("runtime");
+    let rt = runtime_with(2, 1 << 30);
     let lim = nofile();
     assert!(
         lim.rlim_cur >= (OBJECTS + 64) as u64,
@@ -132,11 +132,7 @@ fn ten_thousand_live_physical_objects() {
 fn open_file_limit_gives_out_of_host_memory_naming_the_limit() {
     let _g = lock();
     // The runtime raises the soft limit to the hard one; lower it afterwards.
-    let rt = Runtime::builder()
-        .host_devices(1)
-        .host_device_memory(1 << 30)
-        .build()
-        .expect("runtime");
+    let rt = runtime_with(1, 1 << 30);
     let dev = rt.driver().device(0).expect("device 0");
     let ctx = rt.driver().create_context().expect("context");
     let page = ctx.query_page_size(&dev, 1).expect("page size");

@@ -3,9 +3,13 @@
 //! Half of the 128 TiB user address space of x86-64 (47-bit) Linux is reserved at once, so this
 //! test is alone in its binary.
 
+mod common;
+
+use common::runtime_with;
+
 use std::time::Instant;
 
-use hetmem::{AccessAttribute, Reservation, Runtime};
+use hetmem::{AccessAttribute, Reservation};
 
 const TIB: usize = 1 << 40;
 
@@ -36,11 +40,7 @@ fn kernel_reserved_bytes(maps: &[(usize, usize, String)], r: Reservation) -> usi
 
 #[test]
 fn reservations_reach_64_tib() {
-    let rt = Runtime::builder()
-        .host_devices(1)
-        .host_device_memory(64 << 20)
-        .build()
-        .expect("runtime");
+    let rt = runtime_with(1, 64 << 20);
     let dev = rt.driver().device(0).expect("device 0");
     let ctx = rt.driver().create_context().expect("context");
     let size = 4 * TIB;

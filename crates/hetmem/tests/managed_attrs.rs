@@ -2,34 +2,20 @@
 //! half-covered range, after set and after unset, after prefetch to the host and to each
 //! device, and on a fresh allocation.
 
+mod common;
+
+use common::{runtime_with, scalars};
+
 use hetmem::managed::{location_type as lt, numa_nodes};
 use hetmem::{Advice, Context, Location, RangeAttribute as A, Runtime, MANAGED_PAGE_SIZE as PAGE};
 
 const DEVICES: u32 = 3;
 
 fn setup() -> (Runtime, Context, usize) {
-    let rt = Runtime::builder()
-        .host_devices(DEVICES)
-        .host_device_memory(64 << 20)
-        .build()
-        .unwrap();
+    let rt = runtime_with(DEVICES, 64 << 20);
     let ctx = rt.driver().create_context().unwrap();
     let m = ctx.alloc_managed(2 * PAGE as u64, 1).unwrap();
     (rt, ctx, m)
-}
-
-/// The seven 4-byte attributes, in value order (ACCESSED_BY separately).
-fn scalars(ctx: &Context, p: usize, s: usize) -> [i32; 7] {
-    let a = |x| ctx.managed_attr_i32(x, p, s).unwrap();
-    [
-        a(A::ReadMostly),
-        a(A::PreferredLocation),
-        a(A::PreferredLocationType),
-        a(A::PreferredLocationId),
-        a(A::LastPrefetchLocation),
-        a(A::LastPrefetchLocationType),
-        a(A::LastPrefetchLocationId),
-    ]
 }
 
 const FRESH: [i32; 7] = [0, -2, lt::INVALID as i32, -2, -2, lt::INVALID as i32, -2];

@@ -1,21 +1,15 @@
 //! The inputs of `shared/cases/managed.md`, each a test that keeps its answer.
 
+mod common;
+
+use common::{attr, context_with};
+
 use hetmem::{Advice, Context, Location, RangeAttribute, Runtime, ACL_RT_MEM_ATTACH_GLOBAL};
 
 const MIB: usize = 1 << 20;
 
 fn setup() -> (Runtime, Context) {
-    let rt = Runtime::builder()
-        .host_devices(2)
-        .host_device_memory(64 << 20)
-        .build()
-        .unwrap();
-    let ctx = rt.driver().create_context().unwrap();
-    (rt, ctx)
-}
-
-fn attr(ctx: &Context, a: RangeAttribute, p: usize, s: usize) -> i32 {
-    ctx.managed_attr_i32(a, p, s).unwrap()
+    context_with(2, 64 << 20)
 }
 
 /// Case 1: size 0 -> 100000, and no pointer is produced.

@@ -3,25 +3,19 @@
 //! attribute, the residency of every page, the contents and the counters as they were; the next
 //! valid call works. Bad sizes for the ACCESSED_BY convenience give an error, never a panic.
 
+mod common;
+
+use common::{context_with, stream};
+
 use hetmem::{
-    Advice, AllocDesc, Context, Location, RangeAttribute as A, Residency, Runtime, Stream,
+    Advice, AllocDesc, Context, Location, RangeAttribute as A, Residency, Runtime,
     MANAGED_PAGE_SIZE as PAGE,
 };
 
 const CAP_PAGES: usize = 6;
 
 fn setup() -> (Runtime, Context) {
-    let rt = Runtime::builder()
-        .host_devices(2)
-        .host_device_memory((CAP_PAGES * PAGE) as u64)
-        .build()
-        .unwrap();
-    let ctx = rt.driver().create_context().unwrap();
-    (rt, ctx)
-}
-
-fn stream(rt: &Runtime, ctx: &Context, d: u32) -> Stream {
-    ctx.create_stream(&rt.driver().device(d).unwrap()).unwrap()
+    context_with(2, (CAP_PAGES * PAGE) as u64)
 }
 
 /// Fills what is left of device `d` with USM device allocations of one page each (the last

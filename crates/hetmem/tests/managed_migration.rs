@@ -1,24 +1,18 @@
 //! Fault-driven migration of managed memory on the host backend: host faults through
 //! userfaultfd, device-side operations, read-mostly copies, oversubscription, counters, leaks.
 
+mod common;
+
+use common::{byte, context_with, output_text, run_test_in_child, task_count};
+
 use std::sync::{Arc, Barrier};
 
 use hetmem::{Advice, Context, Location, Runtime, MANAGED_PAGE_SIZE as PAGE};
 
 fn setup(devices: u32, cap: u64) -> (Runtime, Context) {
-    let rt = Runtime::builder()
-        .host_devices(devices)
-        .host_device_memory(cap)
-        .build()
-        .unwrap();
-    let ctx = rt.driver().create_context().unwrap();
-    (rt, ctx)
+    context_with(devices, cap)
 }
 
-fn byte(p: usize) -> u8 {
-    // SAFETY: tests read managed memory of live allocations.
-    unsafe { (p as *const u8).read_volatile() }
-}
 fn put(p: usize, v: u8) {
     // SAFETY: as above.
     unsafe { (p as *mut u8).write_volatile(v) }
@@ -271,20 +265,11 @@ fn launched_work_larger_than_the_device_reports_out_of_device_memory() {
     assert_eq!(byte(m), 1);
 }
 
-fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").unwrap().count()
-}
-
 /// Runs in a child process (the counts are process-wide, and other tests run in parallel).
 #[test]
 fn no_fds_mappings_or_threads_leak() {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "leak_child", "--nocapture", "--test-threads=1"])
-        .env("HETMEM_MANAGED_LEAK_CHILD", "1")
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let out = run_test_in_child("leak_child", &[("HETMEM_MANAGED_LEAK_CHILD", "1")]);
+    let text = output_text(&out);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("leak child ok"), "{text}");
 }
@@ -312,13 +297,13 @@ fn leak_child() {
         before.get_or_insert((
             hetmem::platform::open_fd_count(),
             hetmem::platform::mapping_count(),
-            threads(),
+            task_count(),
         ));
     }
     let (fds, maps, th) = before.unwrap();
     assert_eq!(hetmem::platform::open_fd_count(), fds);
     assert_eq!(hetmem::platform::mapping_count(), maps);
-    assert_eq!(threads(), th);
+    assert_eq!(task_count(), th);
     println!("leak child ok");
 }
 

@@ -10,6 +10,10 @@
 //! model's; and the READ_MOSTLY, PREFERRED_LOCATION(_TYPE/_ID), LAST_PREFETCH_LOCATION
 //! (_TYPE/_ID) and ACCESSED_BY answers, per page and over each allocation, are the model's.
 
+mod common;
+
+use common::{runtime_with, scalars};
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use hetmem::managed::{current_numa_node, location_type as lt, numa_nodes};
@@ -550,19 +554,6 @@ impl Sut {
     }
 }
 
-fn scalars(ctx: &Context, p: usize, s: usize) -> [i32; 7] {
-    let a = |x| ctx.managed_attr_i32(x, p, s).unwrap();
-    [
-        a(A::ReadMostly),
-        a(A::PreferredLocation),
-        a(A::PreferredLocationType),
-        a(A::PreferredLocationId),
-        a(A::LastPrefetchLocation),
-        a(A::LastPrefetchLocationType),
-        a(A::LastPrefetchLocationId),
-    ]
-}
-
 /// Runs refused call `i`; returns (what, the ACL code it gave, the code it must give).
 fn bad_call(sut: &Sut, i: usize) -> (&'static str, u32, u32) {
     let b = sut.base;
@@ -661,11 +652,7 @@ fn bad_call(sut: &Sut, i: usize) -> (&'static str, u32, u32) {
 }
 
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let rt = Runtime::builder()
-        .host_devices(DEVICES as u32)
-        .host_device_memory((CAP_PAGES * PAGE) as u64)
-        .build()
-        .unwrap();
+    let rt = runtime_with(DEVICES as u32, (CAP_PAGES * PAGE) as u64);
     let ctx = rt.driver().create_context().unwrap();
     let base = ctx.alloc_managed((MAIN * PAGE) as u64, 1).unwrap();
     let extra = ctx.alloc_managed((EXTRA * PAGE) as u64, 1).unwrap();

@@ -5,6 +5,10 @@
 //! concurrent launches and host faults. Also: `aclrtMemcpy` / `aclrtMemcpyAsync` with one plain
 //! (non-managed) side.
 
+mod common;
+
+use common::runtime_with;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
@@ -13,11 +17,7 @@ use std::time::Duration;
 use hetmem::{AllocDesc, Location, Runtime, MANAGED_PAGE_SIZE as PAGE};
 
 fn runtime(device_pages: usize) -> Runtime {
-    Runtime::builder()
-        .host_devices(2)
-        .host_device_memory((device_pages * PAGE) as u64)
-        .build()
-        .unwrap()
+    runtime_with(2, (device_pages * PAGE) as u64)
 }
 
 /// Runs `f` on a thread and returns its result, or panics if it has not finished within

@@ -1,5 +1,9 @@
 //! One test per allocation / advise / prefetch / get-attr rule and error of ACL managed memory.
 
+mod common;
+
+use common::{attr, byte, context_with, output_text, run_test_in_child, runtime_with, stream};
+
 use hetmem::managed::{current_numa_node, location_type};
 use hetmem::{
     Advice, Context, Error, Location, RangeAttribute, Runtime, Stream, MANAGED_PAGE_SIZE as PAGE,
@@ -8,30 +12,11 @@ use hetmem::{
 const TIB: u64 = 1 << 40;
 
 fn setup() -> (Runtime, Context) {
-    let rt = Runtime::builder()
-        .host_devices(2)
-        .host_device_memory(64 << 20)
-        .build()
-        .unwrap();
-    let ctx = rt.driver().create_context().unwrap();
-    (rt, ctx)
-}
-
-fn stream(rt: &Runtime, ctx: &Context, d: u32) -> Stream {
-    ctx.create_stream(&rt.driver().device(d).unwrap()).unwrap()
+    context_with(2, 64 << 20)
 }
 
 fn code<T: std::fmt::Debug>(r: hetmem::Result<T>) -> u32 {
     r.unwrap_err().acl_error()
-}
-
-fn attr(ctx: &Context, a: RangeAttribute, p: usize, s: usize) -> i32 {
-    ctx.managed_attr_i32(a, p, s).unwrap()
-}
-
-fn byte(p: usize) -> u8 {
-    // SAFETY: tests read managed memory of live allocations.
-    unsafe { (p as *const u8).read_volatile() }
 }
 
 // ---- allocation ----
@@ -75,13 +60,8 @@ fn alloc_of_more_than_3_tib_at_once_is_param_invalid() {
 /// count.
 #[test]
 fn alloc_past_3_tib_in_total_is_a_memory_allocation_error() {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "limit_child", "--nocapture", "--test-threads=1"])
-        .env("HETMEM_MANAGED_LIMIT_CHILD", "1")
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let out = run_test_in_child("limit_child", &[("HETMEM_MANAGED_LIMIT_CHILD", "1")]);
+    let text = output_text(&out);
     assert!(
         out.status.success() && text.contains("limit child ok"),
         "{text}"
@@ -93,11 +73,7 @@ fn limit_child() {
     if std::env::var_os("HETMEM_MANAGED_LIMIT_CHILD").is_none() {
         return;
     }
-    let rt = Runtime::builder()
-        .host_devices(1)
-        .host_device_memory(64 << 20)
-        .build()
-        .unwrap();
+    let rt = runtime_with(1, 64 << 20);
     let ctx = rt.driver().create_context().unwrap();
     let a = ctx.alloc_managed(2 * TIB, 1).unwrap();
     let b = ctx.alloc_managed(TIB - PAGE as u64, 1).unwrap();

@@ -3,21 +3,21 @@
 //! advice set and unset, evictions from a small device). No write may be lost and no read may
 //! see a stale value: every thread checks each value it wrote when it next reads it.
 
+mod common;
+
+use common::runtime_with;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use hetmem::{Advice, Location, Runtime, MANAGED_PAGE_SIZE as PAGE};
+use hetmem::{Advice, Location, MANAGED_PAGE_SIZE as PAGE};
 
 const PAGES: usize = 8;
 const THREADS: usize = 4;
 
 #[test]
 fn host_writes_survive_concurrent_migration() {
-    let rt = Runtime::builder()
-        .host_devices(2)
-        .host_device_memory((4 * PAGE) as u64)
-        .build()
-        .unwrap();
+    let rt = runtime_with(2, (4 * PAGE) as u64);
     let ctx = rt.driver().create_context().unwrap();
     let m = ctx.alloc_managed((PAGES * PAGE) as u64, 1).unwrap();
     let stop = Arc::new(AtomicBool::new(false));

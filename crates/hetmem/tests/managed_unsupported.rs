@@ -1,20 +1,14 @@
 //! Where userfaultfd is refused (here: a seccomp filter in a child process), managed memory
 //! fails with UNSUPPORTED_FEATURE (ACL 207000) saying why, and everything else still works.
 
+mod common;
+
+use common::{output_text, run_test_in_child, runtime_with};
+
 #[test]
 fn managed_allocation_without_userfaultfd_is_unsupported_feature() {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "no_uffd_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("HETMEM_MANAGED_NO_UFFD_CHILD", "1")
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let out = run_test_in_child("no_uffd_child", &[("HETMEM_MANAGED_NO_UFFD_CHILD", "1")]);
+    let text = output_text(&out);
     assert!(
         out.status.success() && text.contains("no-uffd child ok"),
         "{text}"
@@ -79,11 +73,7 @@ fn no_uffd_child() {
         return;
     }
     refuse_userfaultfd();
-    let rt = hetmem::Runtime::builder()
-        .host_devices(1)
-        .host_device_memory(64 << 20)
-        .build()
-        .unwrap();
+    let rt = runtime_with(1, 64 << 20);
     let ctx = rt.driver().create_context().unwrap();
     for _ in 0..2 {
         let e = ctx.alloc_managed(1 << 21, 1).unwrap_err();

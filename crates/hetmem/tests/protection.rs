@@ -7,28 +7,19 @@
 //! just before the access under test and `CHILD_OK <case>` if it survives. The parent checks how
 //! the child ended: killed by SIGSEGV after `BEFORE_FAULT`, or a clean exit with `CHILD_OK`.
 
+mod common;
+
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, Output};
+use std::process::Output;
 
+use common::{read, run_test_in_child, runtime_with, write, CHILD_CASE};
 use hetmem::{AccessAttribute, Context, PhysicalMemory, PhysicalMemoryFlags, Reservation, Runtime};
 
 use AccessAttribute::{None as NONE, ReadOnly as RO, ReadWrite as RW};
 
-const CHILD_ENV: &str = "HETMEM_CHILD_CASE";
-
 fn run_child(case: &str) -> Output {
-    let exe = std::env::current_exe().expect("current_exe");
-    Command::new(exe)
-        .args([
-            "--exact",
-            "child_case_runner",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, case)
-        .output()
-        .expect("spawn child")
+    run_test_in_child("child_case_runner", &[(CHILD_CASE, case)])
 }
 
 fn describe(out: &Output) -> String {
@@ -135,11 +126,7 @@ struct Child {
 
 /// A runtime, a reservation of `pages` base pages and a physical object of the same size.
 fn setup(pages: usize) -> Child {
-    let rt = Runtime::builder()
-        .host_devices(1)
-        .host_device_memory(16 << 20)
-        .build()
-        .expect("runtime");
+    let rt = runtime_with(1, 16 << 20);
     let dev = rt.driver().device(0).expect("device");
     let ctx = rt.driver().create_context().expect("context");
     let page = ctx.query_page_size(&dev, 1).expect("page size");
@@ -160,17 +147,6 @@ fn setup(pages: usize) -> Child {
     }
 }
 
-fn write(addr: usize, v: u64) {
-    // SAFETY: the children deliberately touch pages that may fault; a fault kills the child,
-    // which is what the parent checks.
-    unsafe { std::ptr::write_volatile(addr as *mut u64, v) }
-}
-
-fn read(addr: usize) -> u64 {
-    // SAFETY: as `write`.
-    unsafe { std::ptr::read_volatile(addr as *const u64) }
-}
-
 fn marker(s: &str) {
     println!("{s}");
     std::io::stdout().flush().expect("flush");
@@ -187,7 +163,7 @@ fn faulting(access: impl FnOnce()) {
 /// Dispatches `HETMEM_CHILD_CASE`; does nothing when it is not set.
 #[test]
 fn child_case_runner() {
-    let Ok(case) = std::env::var(CHILD_ENV) else {
+    let Some(case) = common::child_case() else {
         return;
     };
     // No core files from the deliberate faults.

@@ -1,6 +1,12 @@
 //! One test per rule of device queues, command lists, events and fences (issue 3, "Device
 //! queues and events"), on the host backend.
 
+mod common;
+
+use common::{runtime_with, task_count};
+
+use common::ze::{INVALID_ARGUMENT, INVALID_ENUMERATION, INVALID_NULL_POINTER, INVALID_SIZE};
+
 use std::time::{Duration, Instant};
 
 use hetmem::{AccessAttribute, AllocDesc, Context, Device, PhysicalMemoryFlags, Runtime};
@@ -10,16 +16,8 @@ const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
 const FOREVER: u64 = u64::MAX;
 
-const INVALID_ARGUMENT: u32 = 0x7800_0004;
-const INVALID_NULL_POINTER: u32 = 0x7800_0007;
-const INVALID_SIZE: u32 = 0x7800_0008;
-
 fn setup(capacity: u64) -> (Runtime, Device, Device, Context) {
-    let rt = Runtime::builder()
-        .host_devices(2)
-        .host_device_memory(capacity)
-        .build()
-        .expect("runtime");
+    let rt = runtime_with(2, capacity);
     let d0 = rt.driver().device(0).unwrap();
     let d1 = rt.driver().device(1).unwrap();
     let ctx = rt.driver().create_context().unwrap();
@@ -631,26 +629,16 @@ fn barrier_signals_its_event_only_after_every_prior_command() {
     assert_eq!(q.synchronize(AT_MOST_NS).unwrap(), SyncStatus::Ready);
 }
 
-fn task_count() -> usize {
-    std::fs::read_dir("/proc/self/task").unwrap().count()
-}
-
 /// Runs in a child process (this test binary, this test only, one test thread), so no other
 /// test's threads disturb the count.
 #[test]
 fn dropping_queues_and_immediate_lists_joins_their_engine_threads() {
     const CHILD: &str = "HETMEM_QUEUE_THREAD_CHILD";
     if std::env::var_os(CHILD).is_none() {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "dropping_queues_and_immediate_lists_joins_their_engine_threads",
-                "--exact",
-                "--test-threads=1",
-                "--nocapture",
-            ])
-            .env(CHILD, "1")
-            .output()
-            .unwrap();
+        let out = common::run_test_in_child(
+            "dropping_queues_and_immediate_lists_joins_their_engine_threads",
+            &[(CHILD, "1")],
+        );
         assert!(
             out.status.success(),
             "child failed:\n{}\n{}",
@@ -697,8 +685,6 @@ fn dropping_queues_and_immediate_lists_joins_their_engine_threads() {
 }
 
 // ---- Free policies (zeMemFreeExt) against real in-flight work ----
-
-const INVALID_ENUMERATION: u32 = 0x7800_000c;
 
 #[test]
 fn free_policy_over_0x3_is_invalid_enumeration_and_the_driver_reports_both_policies() {

@@ -4,6 +4,10 @@
 //! finished; unrelated calls do not wait. Without the rule, the engine thread would touch
 //! unmapped memory and the process would die with SIGSEGV.
 
+mod common;
+
+use common::runtime_with;
+
 use std::sync::mpsc;
 
 use hetmem::{
@@ -17,11 +21,7 @@ const BIG: usize = 256 * MIB;
 const FOREVER: u64 = u64::MAX;
 
 fn setup() -> (Runtime, Device, Context) {
-    let rt = Runtime::builder()
-        .host_devices(1)
-        .host_device_memory(1 << 30)
-        .build()
-        .expect("runtime");
+    let rt = runtime_with(1, 1 << 30);
     let dev = rt.driver().device(0).unwrap();
     let ctx = rt.driver().create_context().unwrap();
     (rt, dev, ctx)

@@ -6,9 +6,13 @@
 //! per-device usage. The model decides each step's outcome before the library runs it; a failed
 //! call must change nothing (live set, usage, stats).
 
+mod common;
+
+use common::runtime_with_max_alloc;
+
 use std::collections::BTreeMap;
 
-use hetmem::{AllocDesc, Context, Device, MemoryType, Runtime};
+use hetmem::{AllocDesc, Context, Device, MemoryType};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 
@@ -80,12 +84,7 @@ fn page_for(ctx: &Context, dev: &Device, size: usize) -> usize {
 }
 
 fn run(ops: Vec<Op>) {
-    let rt = Runtime::builder()
-        .host_devices(2)
-        .host_device_memory(CAPACITY)
-        .host_max_alloc_size(MAX_ALLOC)
-        .build()
-        .unwrap();
+    let rt = runtime_with_max_alloc(2, CAPACITY, MAX_ALLOC);
     let devs = rt.driver().devices();
     let ctx = rt.driver().create_context().unwrap();
     let mut m = Model {

@@ -11,6 +11,15 @@
 //! synchronize, every live allocation's bytes must equal the model's. A failed call (bad size,
 //! alignment, capacity, pointer, pattern, policy, descriptor) must change nothing.
 
+mod common;
+
+use common::runtime_with_max_alloc;
+
+use common::ze::{
+    INVALID_ARGUMENT, INVALID_ENUMERATION, INVALID_SIZE, OUT_OF_DEVICE_MEMORY, UNKNOWN,
+    UNSUPPORTED_ALIGNMENT, UNSUPPORTED_SIZE,
+};
+
 use hetmem::{
     AllocDesc, CommandList, CommandQueue, Context, Device, Event, FreePolicy, MemoryType, Runtime,
 };
@@ -25,14 +34,6 @@ const ALIGNS: [usize; 4] = [0, 3, 4096, 1 << 20];
 const LENS: [usize; 8] = [0, 1, 7, 64, 4096, 65536, 100_000, 1 << 20];
 /// Pattern lengths: every valid one and a few invalid.
 const PATTERNS: [usize; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 0, 3, 256];
-
-const OUT_OF_DEVICE_MEMORY: u32 = 0x7000_0003;
-const INVALID_ARGUMENT: u32 = 0x7800_0004;
-const INVALID_SIZE: u32 = 0x7800_0008;
-const UNSUPPORTED_SIZE: u32 = 0x7800_0009;
-const UNSUPPORTED_ALIGNMENT: u32 = 0x7800_000a;
-const INVALID_ENUMERATION: u32 = 0x7800_000c;
-const UNKNOWN: u32 = 0x7fff_fffe;
 
 /// An operand: a pick among live (or, for `dead`, freed) allocations and an offset into it.
 #[derive(Debug, Clone, Copy)]
@@ -235,12 +236,7 @@ fn check_all(rt: &Runtime, m: &mut Model, step: usize) {
 }
 
 fn run(ops: Vec<Op>) {
-    let rt = Runtime::builder()
-        .host_devices(2)
-        .host_device_memory(CAPACITY)
-        .host_max_alloc_size(MAX_ALLOC)
-        .build()
-        .unwrap();
+    let rt = runtime_with_max_alloc(2, CAPACITY, MAX_ALLOC);
     let devs = rt.driver().devices();
     let ctx = rt.driver().create_context().unwrap();
     let mut eng = Engines {

@@ -1,6 +1,15 @@
 //! One test per rule of USM allocations, their queries, compression hints, relaxed allocation
 //! limits and imports of system memory (issue 3, first part), on the host backend.
 
+mod common;
+
+use common::runtime_with_max_alloc;
+
+use common::ze::{
+    INVALID_ARGUMENT, OUT_OF_DEVICE_MEMORY, OUT_OF_HOST_MEMORY, UNSUPPORTED_ALIGNMENT,
+    UNSUPPORTED_SIZE,
+};
+
 use hetmem::{AccessAttribute, AllocDesc, CompressionHint, Context, Device, MemoryType};
 use hetmem::{PhysicalMemoryFlags, Runtime};
 
@@ -11,12 +20,7 @@ const MAX_ALLOC: u64 = 8 << 20;
 const HOST_PAGE: usize = 4096;
 
 fn setup() -> (Runtime, Device, Context) {
-    let rt = Runtime::builder()
-        .host_devices(2)
-        .host_device_memory(CAPACITY)
-        .host_max_alloc_size(MAX_ALLOC)
-        .build()
-        .expect("runtime");
+    let rt = runtime_with_max_alloc(2, CAPACITY, MAX_ALLOC);
     let dev = rt.driver().device(0).unwrap();
     let ctx = rt.driver().create_context().unwrap();
     (rt, dev, ctx)
@@ -25,12 +29,6 @@ fn setup() -> (Runtime, Device, Context) {
 fn code(r: hetmem::Result<impl std::fmt::Debug>) -> u32 {
     r.expect_err("expected an error").ze_result()
 }
-
-const UNSUPPORTED_SIZE: u32 = 0x7800_0009;
-const UNSUPPORTED_ALIGNMENT: u32 = 0x7800_000a;
-const INVALID_ARGUMENT: u32 = 0x7800_0004;
-const OUT_OF_DEVICE: u32 = 0x7000_0003;
-const OUT_OF_HOST: u32 = 0x7000_0002;
 
 #[repr(C, align(4096))]
 struct Pages([u8; 2 * HOST_PAGE]);
@@ -167,8 +165,8 @@ fn beyond_capacity_is_out_of_device_memory() {
         .map(|_| ctx.alloc_device(&dev, &d).unwrap())
         .collect();
     assert_eq!(dev.used_memory(), CAPACITY);
-    assert_eq!(code(ctx.alloc_device(&dev, &d)), OUT_OF_DEVICE);
-    assert_eq!(code(ctx.alloc_shared(Some(&dev), &d)), OUT_OF_DEVICE);
+    assert_eq!(code(ctx.alloc_device(&dev, &d)), OUT_OF_DEVICE_MEMORY);
+    assert_eq!(code(ctx.alloc_shared(Some(&dev), &d)), OUT_OF_DEVICE_MEMORY);
     // The other device is untouched, and host allocations need no device capacity.
     let dev1 = rt.driver().device(1).unwrap();
     ctx.alloc_device(&dev1, &d).unwrap();
@@ -188,7 +186,7 @@ fn physical_memory_and_device_allocations_share_capacity() {
     assert_eq!(dev.used_memory(), CAPACITY);
     assert_eq!(
         code(ctx.alloc_device(&dev, &AllocDesc::new(1))),
-        OUT_OF_DEVICE
+        OUT_OF_DEVICE_MEMORY
     );
     assert_eq!(
         code(ctx.create_physical_memory(
@@ -196,7 +194,7 @@ fn physical_memory_and_device_allocations_share_capacity() {
             PhysicalMemoryFlags::AllocateOnDevice,
             2 * MIB
         )),
-        OUT_OF_DEVICE
+        OUT_OF_DEVICE_MEMORY
     );
     ctx.free_memory(a).unwrap();
     ctx.destroy_physical_memory(phys).unwrap();
@@ -217,7 +215,7 @@ fn device_capacity_is_charged_in_pages_of_the_allocation() {
 fn host_allocation_the_os_refuses_is_out_of_host_memory() {
     let (_rt, _dev, ctx) = setup();
     let d = AllocDesc::new(1 << 50).relaxed_max_size(true);
-    assert_eq!(code(ctx.alloc_host(&d)), OUT_OF_HOST);
+    assert_eq!(code(ctx.alloc_host(&d)), OUT_OF_HOST_MEMORY);
 }
 
 #[test]

@@ -9,6 +9,10 @@
 //! signalled its event. The whole-process figures (`/proc/self/maps`, `/proc/self/fd`,
 //! `/proc/self/task`) are taken around the run, so this test is alone in its binary.
 
+mod common;
+
+use common::{runtime_with, task_count, Rng};
+
 use std::sync::{Barrier, Mutex};
 use std::time::Instant;
 
@@ -24,21 +28,6 @@ const WARMUP_OPS: usize = 200;
 const SEED: u64 = 0x4845_544d_454d_0003;
 const MAX_OWN: usize = 8;
 const SIZES: [usize; 5] = [4096, 65536, 100_000, 256 << 10, 1 << 20];
-
-/// SplitMix64.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 /// What every thread shares: the context, the devices, two shared queues and the published
 /// allocations of all threads (base, size) that others may read.
@@ -319,10 +308,6 @@ fn run(sh: &Shared, ops: usize, seed: u64) -> Vec<Counts> {
     })
 }
 
-fn task_count() -> usize {
-    std::fs::read_dir("/proc/self/task").unwrap().count()
-}
-
 fn assert_nothing_left(rt: &Runtime) {
     let d = rt.driver();
     assert_eq!(d.pending_frees(), 0);
@@ -335,11 +320,7 @@ fn assert_nothing_left(rt: &Runtime) {
 
 #[test]
 fn many_threads_allocating_freeing_and_queueing_leak_nothing() {
-    let rt = Runtime::builder()
-        .host_devices(2)
-        .host_device_memory(64 << 20)
-        .build()
-        .expect("runtime");
+    let rt = runtime_with(2, 64 << 20);
     let make_shared = || {
         let ctx = rt.driver().create_context().unwrap();
         let devs = rt.driver().devices();

@@ -18,6 +18,15 @@
 // `usize::is_multiple_of` is stable from Rust 1.87; the workspace's rust-version is 1.85.
 #![allow(clippy::manual_is_multiple_of)]
 
+mod common;
+
+use common::runtime_with_max_alloc;
+
+use common::ze::{
+    HANDLE_OBJECT_IN_USE, INVALID_ARGUMENT, INVALID_NULL_HANDLE, INVALID_NULL_POINTER,
+    OUT_OF_DEVICE_MEMORY, UNSUPPORTED_ALIGNMENT, UNSUPPORTED_SIZE,
+};
+
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
@@ -40,14 +49,6 @@ const SMALL: usize = 4096;
 const BAD_SIZES: [usize; 5] = [0, SMALL, BASE + SMALL, HUGE + BASE, 3 * HUGE / 2];
 /// An address inside no reservation (below any mmap placement).
 const NOWHERE: usize = 16 * BASE;
-
-const OUT_OF_DEVICE_MEMORY: u32 = 0x7000_0003;
-const INVALID_ARGUMENT: u32 = 0x7800_0004;
-const INVALID_NULL_HANDLE: u32 = 0x7800_0005;
-const HANDLE_OBJECT_IN_USE: u32 = 0x7800_0006;
-const INVALID_NULL_POINTER: u32 = 0x7800_0007;
-const UNSUPPORTED_SIZE: u32 = 0x7800_0009;
-const UNSUPPORTED_ALIGNMENT: u32 = 0x7800_000a;
 
 /// The model's page-size rule.
 fn page_size(size: usize) -> usize {
@@ -702,12 +703,7 @@ struct Harness {
 
 impl Harness {
     fn new() -> Harness {
-        let rt = Runtime::builder()
-            .host_devices(1)
-            .host_device_memory(CAPACITY)
-            .host_max_alloc_size(CAPACITY)
-            .build()
-            .expect("runtime");
+        let rt = runtime_with_max_alloc(1, CAPACITY, CAPACITY);
         let dev = rt.driver().device(0).expect("device 0");
         let ctx = rt.driver().create_context().expect("context");
         // The model's page-size rule is the query's answer.

@@ -7,7 +7,13 @@
 //! must see every fd and mapping of the process run in a child process: this test binary runs
 //! itself again with `HETMEM_CHILD_CASE` set and only `child_case_runner` selected.
 
-use std::process::Command;
+mod common;
+
+use common::ze::{
+    HANDLE_OBJECT_IN_USE, INVALID_ARGUMENT, INVALID_ENUMERATION, INVALID_NULL_HANDLE,
+    INVALID_NULL_POINTER, OUT_OF_DEVICE_MEMORY, OUT_OF_HOST_MEMORY, UNSUPPORTED_ALIGNMENT,
+    UNSUPPORTED_SIZE,
+};
 
 use hetmem::{
     AccessAttribute, Context, Device, Error, PhysicalMemory, PhysicalMemoryFlags, Reservation,
@@ -16,16 +22,6 @@ use hetmem::{
 
 const MIB: usize = 1 << 20;
 const TIB: usize = 1 << 40;
-
-const OUT_OF_HOST_MEMORY: u32 = 0x7000_0002;
-const OUT_OF_DEVICE_MEMORY: u32 = 0x7000_0003;
-const INVALID_ARGUMENT: u32 = 0x7800_0004;
-const INVALID_NULL_HANDLE: u32 = 0x7800_0005;
-const HANDLE_OBJECT_IN_USE: u32 = 0x7800_0006;
-const INVALID_NULL_POINTER: u32 = 0x7800_0007;
-const UNSUPPORTED_SIZE: u32 = 0x7800_0009;
-const UNSUPPORTED_ALIGNMENT: u32 = 0x7800_000a;
-const INVALID_ENUMERATION: u32 = 0x7800_000c;
 
 use AccessAttribute::{None as NONE, ReadOnly as RO, ReadWrite as RW};
 
@@ -64,11 +60,7 @@ fn env(capacity: usize) -> Env {
 }
 
 fn env_with_devices(devices: u32, capacity: usize) -> Env {
-    let rt = Runtime::builder()
-        .host_devices(devices)
-        .host_device_memory(capacity as u64)
-        .build()
-        .expect("host runtime");
+    let rt = common::runtime_with(devices, capacity as u64);
     let dev = rt.driver().device(0).expect("device 0");
     let ctx = rt.driver().create_context().expect("context");
     Env { rt, dev, ctx }
@@ -105,15 +97,7 @@ impl Env {
     }
 }
 
-fn write(addr: usize, v: u64) {
-    // SAFETY: callers pass an address of a page they mapped READWRITE.
-    unsafe { std::ptr::write_volatile(addr as *mut u64, v) }
-}
-
-fn read(addr: usize) -> u64 {
-    // SAFETY: callers pass an address of a page they mapped readable.
-    unsafe { std::ptr::read_volatile(addr as *const u64) }
-}
+use common::{read, write};
 
 fn os_page() -> usize {
     // SAFETY: sysconf has no preconditions.
@@ -222,22 +206,10 @@ fn perms_at(addr: usize) -> String {
     mapping_at(addr).map_or_else(|| "unmapped".to_string(), |m| m.perms)
 }
 
-const CHILD_ENV: &str = "HETMEM_CHILD_CASE";
-
 /// Runs `child_case_runner` of this test binary in a new process with `HETMEM_CHILD_CASE=case`
 /// and asserts that it ran the case to the end.
 fn run_child(case: &str) -> String {
-    let exe = std::env::current_exe().expect("current_exe");
-    let out = Command::new(exe)
-        .args([
-            "--exact",
-            "child_case_runner",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, case)
-        .output()
-        .expect("spawn child");
+    let out = common::run_test_in_child("child_case_runner", &[(common::CHILD_CASE, case)]);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -252,7 +224,7 @@ fn run_child(case: &str) -> String {
 /// `HETMEM_CHILD_CASE` is set.
 #[test]
 fn child_case_runner() {
-    let Ok(case) = std::env::var(CHILD_ENV) else {
+    let Some(case) = common::child_case() else {
         return;
     };
     match case.as_str() {

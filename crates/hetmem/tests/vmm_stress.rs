@@ -10,6 +10,10 @@
 //! The whole-process figures (`/proc/self/maps`, `/proc/self/fd`) are taken around the run, so
 //! this test is alone in its binary.
 
+mod common;
+
+use common::{runtime_with, Rng};
+
 use std::collections::BTreeMap;
 use std::sync::{Barrier, Mutex};
 use std::time::Instant;
@@ -17,7 +21,7 @@ use std::time::Instant;
 use hetmem::platform::{mapping_count, open_fd_count};
 use hetmem::{
     AccessAttribute, Context, Device, Error, PhysicalMemory, PhysicalMemoryFlags, Reservation,
-    Runtime, VmStats,
+    VmStats,
 };
 
 const THREADS: usize = 8;
@@ -35,28 +39,13 @@ const MAX_OWN_OBJECTS: usize = 6;
 const MAX_RESERVATION_PAGES: usize = 8;
 const MAX_OBJECT_PAGES: usize = 4;
 
-/// SplitMix64: small, seedable, good enough to pick operations.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `0..n` (`n > 0`).
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn access(&mut self) -> AccessAttribute {
-        [
-            AccessAttribute::None,
-            AccessAttribute::ReadWrite,
-            AccessAttribute::ReadOnly,
-        ][self.below(3)]
-    }
+/// A random access attribute.
+fn random_access(rng: &mut Rng) -> AccessAttribute {
+    [
+        AccessAttribute::None,
+        AccessAttribute::ReadWrite,
+        AccessAttribute::ReadOnly,
+    ][rng.below(3)]
 }
 
 /// The value kept in page `k` of the pinned object.
@@ -372,7 +361,7 @@ impl<'a> Worker<'a> {
             return expect_invalid_argument("map over a mapping", r);
         }
         let off = self.rng.below(self.phys[&id].content.len() - len + 1);
-        let access = self.rng.access();
+        let access = random_access(&mut self.rng);
         self.ctx()
             .map(
                 o.r.base + s * page,
@@ -439,7 +428,7 @@ impl<'a> Worker<'a> {
         let pages = self.res[i].pages.len();
         let s = self.rng.below(pages);
         let len = 1 + self.rng.below(pages - s);
-        let access = self.rng.access();
+        let access = random_access(&mut self.rng);
         let base = self.res[i].r.base;
         self.ctx()
             .set_access_attribute(base + s * page, len * page, access)
@@ -742,11 +731,7 @@ fn assert_all_zero(stats: &VmStats) {
 
 #[test]
 fn concurrent_mixed_operations_leak_nothing() {
-    let rt = Runtime::builder()
-        .host_devices(2)
-        .host_device_memory(256 << 20)
-        .build()
-        .expect("runtime");
+    let rt = runtime_with(2, 256 << 20);
     let devs = rt.driver().devices();
     let ctx = rt.driver().create_context().expect("context");
     let page = ctx.query_page_size(&devs[0], 1).expect("page size");

@@ -132,6 +132,7 @@ impl Context {
             };
             check_handle_types(asked, SUPPORTED_TYPES, usm.ipc_types(ptr))?;
             let fd = d.backend.export_allocation(raw)?;
+            let capacity = usm.ipc_charge(ptr).into_iter().collect();
             drop(usm);
             return register(
                 d.backend.as_ref(),
@@ -146,6 +147,7 @@ impl Context {
                     offset: 0,
                     len: span as u64,
                 }],
+                capacity,
             );
         }
         drop(usm);
@@ -200,6 +202,7 @@ impl Context {
         };
         check_handle_types(asked, SUPPORTED_TYPES, vm.physical_ipc_types(id))?;
         let fd = d.backend.export_physical(raw)?;
+        let capacity = vm.physical_charge(id).into_iter().collect();
         drop(vm);
         register(
             d.backend.as_ref(),
@@ -214,6 +217,7 @@ impl Context {
                 offset: 0,
                 len: size as u64,
             }],
+            capacity,
         )
     }
 
@@ -296,6 +300,7 @@ impl Context {
         let mut index: HashMap<u64, u32> = HashMap::new();
         let mut mem = MemoryType::Device;
         let mut fds = Vec::new();
+        let mut capacity = Vec::new();
         let mut pieces = Vec::with_capacity(runs.len());
         for (phys, offset, len) in runs {
             let obj = match index.get(&phys) {
@@ -327,6 +332,7 @@ impl Context {
                             ))
                         })?;
                     fds.push(d.backend.export_physical(raw)?);
+                    capacity.extend(vm.physical_charge(phys));
                     let i = (fds.len() - 1) as u32;
                     index.insert(phys, i);
                     i
@@ -348,6 +354,7 @@ impl Context {
             size,
             fds,
             pieces,
+            capacity,
         )
     }
 
@@ -379,6 +386,7 @@ impl Context {
         validate(d.backend.as_ref(), &m)?;
         let align = d.vm.read().page_size(m.size);
         let size = m.size;
+        let capacity = m.capacity.clone();
         let base = map_view(d.backend.as_ref(), align, m)?;
         IMPORTS.lock().insert(
             base,
@@ -389,6 +397,7 @@ impl Context {
                 mem: h.mem,
                 id: crate::semantics::capacity::fresh_id(),
                 page_size: align,
+                capacity,
             },
         );
         Ok(base)
@@ -424,12 +433,12 @@ impl Context {
             drop(im);
             inflight.wait_unreferenced_ref(InFlightRef::View(ptr));
         };
-        let rec = *im.get(&ptr).expect("checked under this lock");
+        let size = im.get(&ptr).expect("checked under this lock").size;
         // SAFETY: the whole view we mapped at open.
         unsafe {
             drv.shared
                 .backend
-                .release_mapped(ptr, rec.size, &[(ptr, ptr + rec.size)])?
+                .release_mapped(ptr, size, &[(ptr, ptr + size)])?
         };
         im.remove(&ptr);
         Ok(())

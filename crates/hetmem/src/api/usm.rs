@@ -118,7 +118,9 @@ impl Context {
     }
 
     /// Frees an allocation or releases an import (`zeMemFree`, free now). `ptr` must be the
-    /// base of a live allocation or import of this context. Device capacity comes back at once;
+    /// base of a live allocation or import of this context. Device capacity comes back at once
+    /// (while an IPC export of it is live, or a view of it open in this process: when the last
+    /// of those is put or closed);
     /// if queued work still references the memory, the memory itself goes when that work
     /// finishes ([`crate::semantics::queue::FreePolicy::Immediate`]).
     ///

@@ -79,7 +79,9 @@ impl Context {
         )
     }
 
-    /// Destroys a physical memory object (`zePhysicalMemDestroy`).
+    /// Destroys a physical memory object (`zePhysicalMemDestroy`). Its device capacity comes
+    /// back at once, or, while an IPC export of it is live (or a view of it open in this
+    /// process), when the last of those is put or closed.
     ///
     /// Errors: `HandleObjectInUse` while any page of it is mapped (nothing changes);
     /// `InvalidArgument` for a handle that is not live in this context.

@@ -5,8 +5,18 @@
 //! (`zeMemAllocDevice`, `zeMemAllocShared`) draw on the same device memory, so one counter per
 //! device is charged by both. The counters are atomic, so each semantics state can charge them
 //! under its own lock without taking the other's.
+//!
+//! # Memory held by more than its creator
+//! Device memory counts against the capacity for as long as anything keeps it alive, not only
+//! its creator: a physical object or allocation destroyed (or freed) while an IPC export of it
+//! is live, or while a view of it is open in this process, is still memory of the device. So a
+//! charge is a [`Charge`] shared (`Arc`) by the object's record, each export of it and each
+//! view of it opened in this process ([`crate::ipc`]); the bytes come back when the last of
+//! them goes. Views opened in other processes are not seen here (the exporter's export, which
+//! they need to be opened, holds the charge until it is put).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::backend::DeviceInfo;
 use crate::error::{Error, Result};
@@ -68,6 +78,17 @@ impl DeviceMemory {
             })
     }
 
+    /// Charges `bytes` to device `i` as [`DeviceMemory::take`] does, as a [`Charge`] that gives
+    /// them back when its last holder drops it.
+    pub(crate) fn charge(self: &Arc<Self>, i: usize, bytes: u64) -> Result<Arc<Charge>> {
+        self.take(i, bytes)?;
+        Ok(Arc::new(Charge {
+            devmem: self.clone(),
+            device: i,
+            bytes,
+        }))
+    }
+
     /// Gives back `bytes` charged earlier with [`DeviceMemory::take`].
     pub(crate) fn give_back(&self, i: usize, bytes: u64) {
         self.used[i].fetch_sub(bytes, Ordering::AcqRel);
@@ -77,5 +98,21 @@ impl DeviceMemory {
     /// contexts of every driver; never 0.
     pub(crate) fn next_id(&self) -> u64 {
         fresh_id()
+    }
+}
+
+/// Bytes of one device charged for one piece of memory (a physical object, a device or
+/// shared allocation), held by everything that keeps that memory alive (see the module docs);
+/// given back when the last holder drops it.
+#[derive(Debug)]
+pub(crate) struct Charge {
+    devmem: Arc<DeviceMemory>,
+    device: usize,
+    bytes: u64,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.devmem.give_back(self.device, self.bytes);
     }
 }

@@ -59,6 +59,10 @@
 //!   extension's note). Memory created with a handle-type descriptor supports only the types
 //!   chained there; asking later for another -> `UnsupportedFeature` (the same note: the driver
 //!   cannot provide that handle type for that memory).
+//! - Capacity: memory kept alive by a live export, or by a view opened in this process, still
+//!   counts against its device's capacity after the memory is destroyed or freed; the
+//!   capacity comes back when the last export or view of it is put or closed (each holds the
+//!   memory's charge, `crate::semantics::capacity`).
 //! - Range (`range_size` set): null -> `InvalidNullPointer`; size 0 -> `InvalidSize`;
 //!   `ptr` / size not multiples of the OS page -> `UnsupportedAlignment` / `UnsupportedSize`
 //!   (the spec is silent; mappings are page-granular); then, over the whole range:
@@ -94,6 +98,7 @@ pub use crate::backend::ipc::{BrokerAnswer, BrokerStats, TransportError};
 use crate::backend::ipc::{BrokerHandler, BrokerReply};
 use crate::backend::{Backend, Protection, RawPhysical};
 use crate::error::{Error, Result};
+use crate::semantics::capacity::Charge;
 use crate::semantics::driver::DriverShared;
 use crate::semantics::inflight::InFlightRef;
 use crate::semantics::usm::MemoryType;
@@ -332,9 +337,12 @@ pub(crate) struct ExportRec {
     pub(crate) size: u64,
     pub(crate) fds: Arc<[OwnedFd]>,
     pub(crate) pieces: Arc<[Piece]>,
+    /// The device capacity of the exported memory: held while the export lives, even once
+    /// the memory is destroyed or freed (`crate::semantics::capacity`).
+    pub(crate) capacity: Arc<[Arc<Charge>]>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct ImportRec {
     pub(crate) size: usize,
     pub(crate) context: u64,
@@ -344,6 +352,13 @@ pub(crate) struct ImportRec {
     pub(crate) mem: MemoryType,
     pub(crate) id: u64,
     pub(crate) page_size: usize,
+    /// The device capacity of the viewed memory when it is this process's own (empty for
+    /// memory of another process): held until the view is closed (`crate::semantics::capacity`).
+    #[expect(
+        dead_code,
+        reason = "held, never read: dropping it gives the capacity back"
+    )]
+    pub(crate) capacity: Arc<[Arc<Charge>]>,
 }
 
 /// Exports of this process (export id -> record); read by the broker thread.
@@ -485,6 +500,7 @@ pub(crate) fn register(
     size: usize,
     fds: Vec<OwnedFd>,
     pieces: Vec<Piece>,
+    capacity: Vec<Arc<Charge>>,
 ) -> Result<IpcHandle> {
     let nonce = start_broker(backend)?;
     let token = backend.random_token()?;
@@ -523,16 +539,19 @@ pub(crate) fn register(
             size: size as u64,
             fds: fds.into(),
             pieces: pieces.into(),
+            capacity: capacity.into(),
         },
     );
     Ok(encode(fd, &h))
 }
 
-/// What an open needs: the view size, the objects' fds and the pieces.
+/// What an open needs: the view size, the objects' fds and the pieces, plus the device
+/// capacity the view holds (that of this process's own memory only).
 pub(crate) struct Material {
     pub(crate) size: usize,
     pub(crate) fds: Vec<OwnedFd>,
     pub(crate) pieces: Vec<Piece>,
+    pub(crate) capacity: Arc<[Arc<Charge>]>,
 }
 
 pub(crate) fn dup_all(backend: &dyn Backend, fds: &[OwnedFd]) -> Result<Vec<OwnedFd>> {
@@ -576,6 +595,7 @@ pub(crate) fn material(
             size: rec.size as usize,
             fds: dup_all(backend, &rec.fds)?,
             pieces: rec.pieces.to_vec(),
+            capacity: rec.capacity.clone(),
         });
     }
     // The fd transport: bytes 0..4 hold an fd of ours that is the exported memfd itself.
@@ -595,6 +615,7 @@ pub(crate) fn material(
                         offset: 0,
                         len: h.size,
                     }],
+                    capacity: Arc::new([]),
                 });
             }
         }
@@ -659,6 +680,7 @@ pub(crate) fn material(
         size: size as usize,
         fds: reply.fds,
         pieces,
+        capacity: Arc::new([]),
     })
 }
 

@@ -48,7 +48,7 @@ use std::sync::Arc;
 
 use crate::backend::{AllocLocation, Backend, RawAllocation};
 use crate::error::{Addr, Error, Result};
-use crate::semantics::capacity::DeviceMemory;
+use crate::semantics::capacity::{Charge, DeviceMemory};
 use crate::semantics::vmm::page_size_for;
 use crate::spec::IpcHandleTypes;
 pub use crate::spec::{
@@ -198,8 +198,9 @@ pub(crate) struct AllocRec {
     pub(crate) context: u64,
     /// Backend handle; `None` for imports.
     pub(crate) raw: Option<RawAllocation>,
-    /// Bytes charged to `device`'s capacity.
-    pub(crate) charged: u64,
+    /// The capacity charged to `device` (device and shared allocations with a device), shared
+    /// with the IPC exports of the allocation.
+    pub(crate) charge: Option<Arc<Charge>>,
     /// IPC handle types chained at allocation (`ze_ipc_mem_handle_type_ext_desc_t`), if any;
     /// set by [`crate::ipc`] and gone with the record.
     pub(crate) ipc_types: Option<crate::spec::IpcHandleTypes>,
@@ -218,7 +219,6 @@ impl AllocRec {
 pub(crate) struct PendingFree {
     pub(crate) ptr: usize,
     pub(crate) rec: AllocRec,
-    pub(crate) devmem: Arc<DeviceMemory>,
 }
 
 impl PendingFree {
@@ -227,12 +227,11 @@ impl PendingFree {
         self.rec.id
     }
 
-    /// Gives the device capacity back now (free-now semantics), before the memory goes.
+    /// Drops the allocation's hold on the device capacity now (free-now semantics), before
+    /// the memory goes; the capacity comes back unless an IPC export or view still holds it
+    /// (`crate::capacity`).
     pub(crate) fn give_back_capacity(&mut self) {
-        if let (Some(d), true) = (self.rec.device, self.rec.charged > 0) {
-            self.devmem.give_back(d as usize, self.rec.charged);
-        }
-        self.rec.charged = 0;
+        self.rec.charge = None;
     }
 
     /// Releases the memory (and the capacity still charged).
@@ -245,9 +244,7 @@ impl PendingFree {
             // SAFETY: registered at import; the memory itself stays.
             None => unsafe { backend.unregister_host(self.ptr, r.size) },
         }
-        if let (Some(d), true) = (r.device, r.charged > 0) {
-            self.devmem.give_back(d as usize, r.charged);
-        }
+        // The record's charge goes with it.
     }
 }
 
@@ -341,19 +338,11 @@ impl UsmState {
             ))
         })?;
         let align = desc.alignment.max(page);
-        let charged = span as u64;
-        if let Some(i) = device {
-            self.devmem.take(i, charged)?;
-        }
-        let (addr, raw) = match backend.alloc(location, span, align) {
-            Ok(v) => v,
-            Err(e) => {
-                if let Some(i) = device {
-                    self.devmem.give_back(i, charged);
-                }
-                return Err(e.into());
-            }
-        };
+        let charge = device
+            .map(|i| self.devmem.charge(i, span as u64))
+            .transpose()?;
+        // On error the charge is dropped, so given back.
+        let (addr, raw) = backend.alloc(location, span, align)?;
         let kind = match location {
             AllocLocation::Device(_) => MemoryType::Device,
             AllocLocation::Host => MemoryType::Host,
@@ -372,7 +361,7 @@ impl UsmState {
                 read_only: false,
                 context,
                 raw: Some(raw),
-                charged: if device.is_some() { charged } else { 0 },
+                charge,
                 ipc_types: None,
             },
         );
@@ -469,7 +458,7 @@ impl UsmState {
                 read_only,
                 context,
                 raw: None,
-                charged: 0,
+                charge: None,
                 ipc_types: None,
             },
         );
@@ -500,11 +489,7 @@ impl UsmState {
             }
         }
         let rec = self.allocs.remove(&ptr).expect("checked");
-        Ok(PendingFree {
-            ptr,
-            rec,
-            devmem: self.devmem.clone(),
-        })
+        Ok(PendingFree { ptr, rec })
     }
 
     /// The record containing `ptr` (`base <= ptr < base + size`).
@@ -545,6 +530,12 @@ impl UsmState {
     ) -> Option<(usize, usize, MemoryType, u64, u64, Option<RawAllocation>)> {
         let (b, r) = self.find(ptr)?;
         Some((b, r.span, r.kind, r.id, r.context, r.raw))
+    }
+
+    /// IPC ([`crate::ipc`]): the device capacity the allocation containing `ptr` holds (none
+    /// for host memory and imports), for an export of it to hold too.
+    pub(crate) fn ipc_charge(&self, ptr: usize) -> Option<Arc<Charge>> {
+        self.find(ptr)?.1.charge.clone()
     }
 
     /// IPC ([`crate::ipc`]): records the handle types chained at the allocation at `base`
@@ -594,7 +585,6 @@ impl UsmState {
             .map(|ptr| PendingFree {
                 ptr,
                 rec: self.allocs.remove(&ptr).expect("listed"),
-                devmem: self.devmem.clone(),
             })
             .collect()
     }

@@ -44,7 +44,7 @@ use std::sync::Arc;
 
 use crate::backend::{Backend, PhysicalLocation, Protection, RawPhysical};
 use crate::error::{Addr, Error, Result};
-use crate::semantics::capacity::DeviceMemory;
+use crate::semantics::capacity::{Charge, DeviceMemory};
 use crate::semantics::ranges::{RangeMap, Splittable};
 pub use crate::spec::{AccessAttribute, PhysicalMemoryFlags};
 
@@ -136,6 +136,8 @@ pub(crate) struct PhysicalRec {
     pub(crate) context: u64,
     /// Bytes of this object mapped anywhere right now.
     pub(crate) mapped: usize,
+    /// The device capacity it holds (device memory only), shared with the IPC exports of it.
+    pub(crate) charge: Option<Arc<Charge>>,
     /// IPC handle types chained at creation (`ze_ipc_mem_handle_type_ext_desc_t`), if any;
     /// set by [`crate::ipc`] and gone with the record.
     pub(crate) ipc_types: Option<crate::spec::IpcHandleTypes>,
@@ -422,18 +424,12 @@ impl VmState {
                 )));
             }
         }
-        if let PhysicalLocation::Device(d) = location {
-            self.devmem.take(d as usize, size as u64)?;
-        }
-        let raw = match backend.create_physical(location, size) {
-            Ok(raw) => raw,
-            Err(e) => {
-                if let PhysicalLocation::Device(d) = location {
-                    self.devmem.give_back(d as usize, size as u64);
-                }
-                return Err(e.into());
-            }
+        let charge = match location {
+            PhysicalLocation::Device(d) => Some(self.devmem.charge(d as usize, size as u64)?),
+            PhysicalLocation::Host => None,
         };
+        // On error the charge is dropped, so given back.
+        let raw = backend.create_physical(location, size)?;
         let id = self.devmem.next_id();
         if location == PhysicalLocation::Host {
             self.host_used += size as u64;
@@ -446,6 +442,7 @@ impl VmState {
                 location,
                 context,
                 mapped: 0,
+                charge,
                 ipc_types: None,
             },
         );
@@ -476,9 +473,10 @@ impl VmState {
             )));
         }
         let p = self.physical.remove(&id).expect("checked");
-        match p.location {
-            PhysicalLocation::Device(d) => self.devmem.give_back(d as usize, p.size as u64),
-            PhysicalLocation::Host => self.host_used -= p.size as u64,
+        // Device capacity comes back with the record's charge, unless an IPC export or view
+        // still holds it (`crate::capacity`).
+        if p.location == PhysicalLocation::Host {
+            self.host_used -= p.size as u64;
         }
         // SAFETY: the object is not mapped and is forgotten here.
         unsafe { backend.destroy_physical(p.raw) };
@@ -748,6 +746,12 @@ impl VmState {
         self.physical
             .get(&id)
             .map(|p| (p.raw, p.size, p.context, p.location))
+    }
+
+    /// IPC ([`crate::ipc`]): the device capacity physical object `id` holds (none for host
+    /// memory), for an export of it to hold too.
+    pub(crate) fn physical_charge(&self, id: u64) -> Option<Arc<Charge>> {
+        self.physical.get(&id)?.charge.clone()
     }
 
     /// IPC ([`crate::ipc`]): the handle types chained at the creation of physical object `id`.

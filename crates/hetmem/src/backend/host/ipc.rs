@@ -24,11 +24,15 @@
 //! as the process, checks each peer's `SO_PEERCRED` right after `accept4`: a peer of another
 //! effective uid is dropped at once; a peer of ours is handed to a worker thread of its own
 //! (an idle worker, or a new one: at most [`MAX_BROKER_PEERS`] workers, so further peers are
-//! dropped at once while all are busy; each worker waits at most [`REQUEST_TIMEOUT`] for its
-//! peer's request, and exits after [`WORKER_IDLE`] with nothing to do), so idle connections
-//! never stall other importers.
+//! answered [`ST_BUSY`] once their request is read, and dropped, while all are busy; each
+//! worker waits at most [`REQUEST_TIMEOUT`] for its peer's request, and exits after
+//! [`WORKER_IDLE`] with nothing to do), so idle connections never stall other importers.
 //! Every other check is the handler's. A broker that fails to start is not remembered: the
 //! next export tries again. The exporter is never made ptraceable.
+//!
+//! A live broker answers every peer of our uid that sends a request in time, so a broker that
+//! hangs up before its whole answer is sent is a broker whose process died: [`broker_request`]
+//! reports every such failure after the connection is made as [`TransportError::PeerGone`].
 //!
 //! The requester ([`connect_broker`]) checks the listener's `SO_PEERCRED` before sending
 //! anything: its pid must be the exporter's pid recorded in the handle and its uid our
@@ -66,8 +70,11 @@ const REPLY_MAGIC: &[u8; 4] = b"HMBR";
 const PEER_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the broker waits for a connected peer's request before dropping it.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
-/// Most peers the broker serves at once; further connections are dropped until one finishes.
+/// Most peers the broker serves at once; further connections are answered [`ST_BUSY`] and
+/// dropped until one finishes.
 pub const MAX_BROKER_PEERS: usize = 64;
+/// The status a broker answers when every worker is busy (its message says so).
+pub const ST_BUSY: u32 = u32::MAX - 2;
 
 /// Sends `payload` (at least one byte) with `fds` attached: `sendmsg(2)` + `SCM_RIGHTS`.
 pub fn send_fds(sock: BorrowedFd<'_>, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), Errno> {
@@ -234,7 +241,8 @@ fn pool() -> std::sync::MutexGuard<'static, Pool> {
 }
 
 /// Hands an accepted peer to an idle worker, or to a new one (at most [`MAX_BROKER_PEERS`]);
-/// drops it when every worker is busy.
+/// answers [`ST_BUSY`] and drops it when every worker is busy (so that a hang-up always means
+/// that the broker's process is gone).
 fn dispatch(conn: OwnedFd, peer: u32, handler: &BrokerHandler) {
     let mut q = pool();
     if q.idle > q.queue.len() {
@@ -243,6 +251,8 @@ fn dispatch(conn: OwnedFd, peer: u32, handler: &BrokerHandler) {
         return;
     }
     if q.workers >= MAX_BROKER_PEERS {
+        drop(q);
+        refuse_busy(conn.as_fd());
         return;
     }
     q.workers += 1;
@@ -254,6 +264,31 @@ fn dispatch(conn: OwnedFd, peer: u32, handler: &BrokerHandler) {
     if spawned.is_err() {
         q.workers -= 1;
         q.queue.pop_back();
+    }
+}
+
+/// How long the accept thread waits for the request of a peer it refuses as busy.
+const BUSY_REQUEST_WAIT: Duration = Duration::from_millis(50);
+
+/// Reads the request (waiting at most [`BUSY_REQUEST_WAIT`]: a requester sends it right
+/// after connecting) and answers [`ST_BUSY`]. The request is read first because a Unix socket
+/// closed with unread data resets its peer, whose answer would then be lost.
+fn refuse_busy(conn: BorrowedFd<'_>) {
+    use rustix::net::sockopt::{set_socket_timeout, Timeout};
+    let wait = Some(BUSY_REQUEST_WAIT);
+    if set_socket_timeout(conn, Timeout::Send, wait).is_ok()
+        && set_socket_timeout(conn, Timeout::Recv, wait).is_ok()
+        && recv_fds(conn, &mut [0u8; 64], 1).is_ok()
+    {
+        let reply = BrokerReply {
+            status: ST_BUSY,
+            payload: format!(
+                "its IPC broker is serving {MAX_BROKER_PEERS} peers already; try again"
+            )
+            .into_bytes(),
+            fds: None,
+        };
+        let _ = send_reply(conn, &reply);
     }
 }
 
