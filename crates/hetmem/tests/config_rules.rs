@@ -116,3 +116,28 @@ fn host_device_count_0_is_invalid_argument_decided_by_the_builder() {
     assert_eq!(e.ze_result(), INVALID_ARGUMENT, "{e}");
     assert!(e.message().contains("device count is 0"), "{e}");
 }
+
+/// Devices are the driver's own stable objects (`zeDeviceGet` hands out the same handles every
+/// time): every clone of the driver, and every context's driver, gives the same addresses.
+#[test]
+fn devices_are_stable_objects_of_their_driver() {
+    let rt = Runtime::builder()
+        .host_devices(3)
+        .host_device_memory(64 << 20)
+        .build()
+        .unwrap();
+    let drv = rt.driver();
+    let ctx = drv.create_context().unwrap();
+    let other = ctx.driver();
+    assert_eq!(drv.device_list().len(), 3);
+    for (i, d) in drv.device_list().iter().enumerate() {
+        assert_eq!(d.ordinal(), i as u32);
+        assert!(std::ptr::eq(d, drv.device_ref(i as u32).unwrap()));
+        assert!(std::ptr::eq(d, other.device_ref(i as u32).unwrap()));
+        assert_eq!(drv.device(i as u32).as_ref(), Some(d));
+    }
+    assert!(drv.device_ref(3).is_none());
+    // Another runtime's devices are other objects, unequal.
+    let rt2 = Runtime::builder().host_devices(1).build().unwrap();
+    assert_ne!(rt2.driver().device_ref(0), drv.device_ref(0));
+}

@@ -162,7 +162,7 @@ impl RuntimeBuilder {
             ipc_max_range_pieces: self.ipc_max_range_pieces,
         });
         Ok(Runtime {
-            driver: Driver { shared },
+            driver: Driver::new(shared),
         })
     }
 }
@@ -207,9 +207,22 @@ impl Runtime {
 #[derive(Debug, Clone)]
 pub struct Driver {
     pub(crate) shared: Arc<DriverShared>,
+    /// The devices, made once: every `Driver` clone (and every context's driver) shares them, so
+    /// a `&Device` stays valid as long as any of them lives (a C ABI hands out its address).
+    devices: Arc<[Device]>,
 }
 
 impl Driver {
+    fn new(shared: Arc<DriverShared>) -> Driver {
+        let devices = (0..shared.backend.devices().len() as u32)
+            .map(|ordinal| Device {
+                shared: shared.clone(),
+                ordinal,
+            })
+            .collect();
+        Driver { shared, devices }
+    }
+
     /// The backend this driver runs on.
     pub fn backend_kind(&self) -> BackendKind {
         self.shared.config.kind()
@@ -235,17 +248,24 @@ impl Driver {
 
     /// The devices (`zeDeviceGet`), in ordinal order.
     pub fn devices(&self) -> Vec<Device> {
-        (0..self.shared.backend.devices().len() as u32)
-            .map(|ordinal| Device {
-                shared: self.shared.clone(),
-                ordinal,
-            })
-            .collect()
+        self.devices.to_vec()
     }
 
-    /// Device `ordinal`, if it exists.
+    /// Device `ordinal`, if it exists (a clone of the stable object, see
+    /// [`Driver::device_ref`]).
     pub fn device(&self, ordinal: u32) -> Option<Device> {
-        self.devices().into_iter().nth(ordinal as usize)
+        self.device_ref(ordinal).cloned()
+    }
+
+    /// The devices, in ordinal order, as the driver's own stable objects: the same addresses
+    /// for the life of the driver, from every clone of it (`zeDeviceGet` handles).
+    pub fn device_list(&self) -> &[Device] {
+        &self.devices
+    }
+
+    /// Device `ordinal` as the driver's own stable object (see [`Driver::device_list`]).
+    pub fn device_ref(&self, ordinal: u32) -> Option<&Device> {
+        self.devices.get(ordinal as usize)
     }
 
     /// Creates a context (`zeContextCreate`). Everything made in a context (reservations,
@@ -259,6 +279,7 @@ impl Driver {
         Ok(Context {
             inner: Arc::new(ContextInner {
                 driver: self.shared.clone(),
+                handle: self.clone(),
                 id,
             }),
         })
@@ -308,7 +329,10 @@ impl Device {
 
 #[derive(Debug)]
 struct ContextInner {
+    /// The driver's shared state (as `handle.shared`).
     driver: Arc<DriverShared>,
+    /// The driver itself, with its stable devices.
+    handle: Driver,
     id: u64,
 }
 
@@ -360,9 +384,7 @@ impl Context {
 
     /// The driver of this context.
     pub fn driver(&self) -> Driver {
-        Driver {
-            shared: self.inner.driver.clone(),
-        }
+        self.inner.handle.clone()
     }
 
     pub(crate) fn check_device(&self, device: &Device) -> Result<()> {
