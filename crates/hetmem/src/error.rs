@@ -61,12 +61,65 @@ pub enum Error {
     /// `ZE_RESULT_ERROR_UNKNOWN` (0x7ffffffe): an OS or driver failure with no better code.
     #[error("unknown error: {0}")]
     Unknown(String),
+    /// A refusal by a rule of the ACL families (managed memory), whose `aclError` the rule
+    /// chose itself ([`AclCode`]); [`Error::ze_result`] gives the nearest Level Zero code.
+    #[error("{name}: {1}", name = .0.name())]
+    Acl(AclCode, String),
+}
+
+/// An `aclError` value (CANN `acl_base.h` / `acl_rt.h`) that a rule of the ACL families
+/// chooses for its refusal ([`Error::Acl`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum AclCode {
+    /// `ACL_ERROR_INVALID_PARAM` (100000): a parameter checked at the API layer (null pointer,
+    /// size 0, bad flag value).
+    InvalidParam = 100_000,
+    /// `ACL_ERROR_RT_PARAM_INVALID` (107000): a parameter the runtime refuses (enumeration out
+    /// of range, bad device or NUMA id, size rule, range not managed, refused advice).
+    RtParamInvalid = 107_000,
+    /// `ACL_ERROR_RT_ADDR_UNALIGNED` (107008): an address not aligned as required.
+    RtAddrUnaligned = 107_008,
+    /// `ACL_ERROR_RT_FEATURE_NOT_SUPPORT` (207000).
+    RtFeatureNotSupport = 207_000,
+    /// `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001).
+    RtMemoryAllocation = 207_001,
+    /// `ACL_ERROR_RT_DRV_INTERNAL_ERROR` (507899, `rt_error_codes.h`): a failure of the driver or
+    /// platform under the runtime.
+    RtDrvInternalError = 507_899,
+}
+
+impl AclCode {
+    /// The spec name, e.g. `ACL_ERROR_RT_PARAM_INVALID`.
+    pub fn name(self) -> &'static str {
+        match self {
+            AclCode::InvalidParam => "ACL_ERROR_INVALID_PARAM",
+            AclCode::RtParamInvalid => "ACL_ERROR_RT_PARAM_INVALID",
+            AclCode::RtAddrUnaligned => "ACL_ERROR_RT_ADDR_UNALIGNED",
+            AclCode::RtFeatureNotSupport => "ACL_ERROR_RT_FEATURE_NOT_SUPPORT",
+            AclCode::RtMemoryAllocation => "ACL_ERROR_RT_MEMORY_ALLOCATION",
+            AclCode::RtDrvInternalError => "ACL_ERROR_RT_DRV_INTERNAL_ERROR",
+        }
+    }
+
+    /// The nearest Level Zero result, for an ACL refusal that reaches a Level Zero front.
+    fn nearest_ze(self) -> Error {
+        let m = String::new();
+        match self {
+            AclCode::InvalidParam | AclCode::RtParamInvalid => Error::InvalidArgument(m),
+            AclCode::RtAddrUnaligned => Error::UnsupportedAlignment(m),
+            AclCode::RtFeatureNotSupport => Error::UnsupportedFeature(m),
+            AclCode::RtMemoryAllocation => Error::OutOfDeviceMemory(m),
+            AclCode::RtDrvInternalError => Error::Unknown(m),
+        }
+    }
 }
 
 impl Error {
     /// The `ze_result_t` value of this error (values from `ze_api.h`).
     pub fn ze_result(&self) -> u32 {
         match self {
+            Error::Acl(c, _) => c.nearest_ze().ze_result(),
             Error::OutOfHostMemory(_) => 0x7000_0002,
             Error::OutOfDeviceMemory(_) => 0x7000_0003,
             Error::Uninitialized(_) => 0x7800_0001,
@@ -88,6 +141,7 @@ impl Error {
     /// The spec name of the code, e.g. `ZE_RESULT_ERROR_INVALID_ARGUMENT`.
     pub fn ze_name(&self) -> &'static str {
         match self {
+            Error::Acl(c, _) => c.nearest_ze().ze_name(),
             Error::OutOfHostMemory(_) => "ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY",
             Error::OutOfDeviceMemory(_) => "ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY",
             Error::Uninitialized(_) => "ZE_RESULT_ERROR_UNINITIALIZED",
@@ -107,7 +161,9 @@ impl Error {
     }
 
     /// The ACL `aclError` value of this error (values from the CANN `acl_base.h` /
-    /// `acl_rt.h`), as the managed-memory semantics ([`crate::managed`]) choose variants:
+    /// `acl_rt.h`): for [`Error::Acl`] the code its rule chose; for the Level Zero variants
+    /// (errors of the calls ACL shares with Level Zero: virtual memory, allocations, queues) the
+    /// ACL code of the same meaning:
     /// - 100000 `ACL_ERROR_INVALID_PARAM` (checked at the API layer): `InvalidNullPointer`,
     ///   `InvalidSize` (size 0), `InvalidEnumeration` (bad flag values);
     /// - 107000 `ACL_ERROR_RT_PARAM_INVALID`: `InvalidArgument` (bad device / NUMA id, refused
@@ -117,9 +173,10 @@ impl Error {
     /// - 107008 `ACL_ERROR_RT_ADDR_UNALIGNED`: `UnsupportedAlignment`;
     /// - 207000 `ACL_ERROR_RT_FEATURE_NOT_SUPPORT`: `UnsupportedFeature`, `Uninitialized`;
     /// - 207001 `ACL_ERROR_RT_MEMORY_ALLOCATION`: `OutOfHostMemory`, `OutOfDeviceMemory`;
-    /// - 507899 `ACL_ERROR_RT_INTERNAL_ERROR`: `Unknown`.
+    /// - 507899 `ACL_ERROR_RT_DRV_INTERNAL_ERROR`: `Unknown`.
     pub fn acl_error(&self) -> u32 {
         match self {
+            Error::Acl(c, _) => *c as u32,
             Error::InvalidNullPointer(_) | Error::InvalidSize(_) | Error::InvalidEnumeration(_) => {
                 100_000
             }
@@ -153,7 +210,8 @@ impl Error {
             | Error::InvalidEnumeration(m)
             | Error::UnsupportedEnumeration(m)
             | Error::AddressNotFound(m)
-            | Error::Unknown(m) => m,
+            | Error::Unknown(m)
+            | Error::Acl(_, m) => m,
         }
     }
 }

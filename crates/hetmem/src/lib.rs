@@ -65,7 +65,7 @@ pub use semantics::ranges;
 
 pub use api::runtime::{Context, Device, Driver, Runtime, RuntimeBuilder};
 pub use config::{parse_bytes, BackendConfig, BackendKind, HostConfig};
-pub use error::{Error, Result};
+pub use error::{AclCode, Error, Result};
 pub use ipc::{IpcHandle, IpcHandleKind, IpcHandleTypes, IpcProperties};
 pub use managed::{
     Advice, DeviceBuffer, Location, ManagedDeviceStats, ManagedStats, RangeAttribute, Residency,

@@ -4,7 +4,7 @@
 //! decoder from the raw C value. A C ABI turns its descriptors and `pNext` chains into these
 //! types and nothing else; the rules that use them live in the semantics modules.
 
-use crate::error::{Error, Result};
+use crate::error::{AclCode, Error, Result};
 
 /// Page access attribute (`ze_memory_access_attribute_t`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -393,9 +393,10 @@ impl Advice {
             4 => Advice::SetAccessedBy,
             5 => Advice::UnsetAccessedBy,
             _ => {
-                return Err(Error::UnsupportedEnumeration(format!(
-                    "advice {v} is not an aclrtMemManagedAdviseType (0..=5)"
-                )))
+                return Err(Error::Acl(
+                    AclCode::RtParamInvalid,
+                    format!("advice {v} is not an aclrtMemManagedAdviseType (0..=5)"),
+                ))
             }
         })
     }
@@ -443,8 +444,12 @@ impl Location {
     /// for a negative id of DEVICE / HOST_NUMA.
     pub fn from_raw(ty: u32, id: i32) -> Result<Location> {
         let nonneg = |what: &str| {
-            u32::try_from(id)
-                .map_err(|_| Error::InvalidArgument(format!("{what} id {id} is negative")))
+            u32::try_from(id).map_err(|_| {
+                Error::Acl(
+                    AclCode::RtParamInvalid,
+                    format!("{what} id {id} is negative"),
+                )
+            })
         };
         Ok(match ty {
             location_type::INVALID => Location::Invalid,
@@ -453,9 +458,10 @@ impl Location {
             location_type::HOST_NUMA => Location::HostNuma(nonneg("NUMA node")?),
             location_type::HOST_NUMA_CURRENT => Location::HostNumaCurrent,
             _ => {
-                return Err(Error::UnsupportedEnumeration(format!(
-                    "location type {ty} is not an aclrtMemManagedLocationType (0..=4)"
-                )))
+                return Err(Error::Acl(
+                    AclCode::RtParamInvalid,
+                    format!("location type {ty} is not an aclrtMemManagedLocationType (0..=4)"),
+                ))
             }
         })
     }
@@ -499,9 +505,10 @@ impl RangeAttribute {
             7 => LastPrefetchLocationType,
             8 => LastPrefetchLocationId,
             _ => {
-                return Err(Error::UnsupportedEnumeration(format!(
-                    "attribute {v} is not an aclrtMemManagedRangeAttribute (1..=8)"
-                )))
+                return Err(Error::Acl(
+                    AclCode::RtParamInvalid,
+                    format!("attribute {v} is not an aclrtMemManagedRangeAttribute (1..=8)"),
+                ))
             }
         })
     }

@@ -315,7 +315,14 @@ fn launched_work_that_panics_is_reported_and_the_stream_stays_usable() {
     s.launch(&[(m, PAGE, true)], |_| panic!("device work failed"))
         .unwrap();
     let e = s.synchronize().unwrap_err();
-    assert!(matches!(e, hetmem::Error::Unknown(_)), "{e}");
+    assert!(
+        matches!(
+            e,
+            hetmem::Error::Acl(hetmem::AclCode::RtDrvInternalError, _)
+        ),
+        "{e}"
+    );
+    assert_eq!(e.acl_error(), 507_899, "{e}");
     s.memset_async(m, 2, PAGE).unwrap();
     s.synchronize().unwrap();
     assert_eq!(byte(m + 5), 2);

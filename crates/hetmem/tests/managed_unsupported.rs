@@ -78,7 +78,11 @@ fn no_uffd_child() {
     for _ in 0..2 {
         let e = ctx.alloc_managed(1 << 21, 1).unwrap_err();
         assert_eq!(e.acl_error(), 207_000, "{e}");
-        assert!(matches!(e, hetmem::Error::UnsupportedFeature(_)));
+        assert_eq!(e.ze_result(), 0x7800_0003, "{e}");
+        assert!(matches!(
+            e,
+            hetmem::Error::Acl(hetmem::AclCode::RtFeatureNotSupport, _)
+        ));
         assert!(e.message().contains("userfaultfd"), "{e}");
         assert!(
             e.message().contains("EPERM") || e.message().contains("not permitted"),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 pub use crate::api::platform::{current_numa_node, numa_nodes};
 use crate::api::queue::CommandQueue;
 use crate::api::runtime::{Context, Device, Driver};
-use crate::error::{Addr, Error, Result};
+use crate::error::{AclCode, Addr, Error, Result};
 pub use crate::semantics::managed::*;
 
 /// An in-order stream on one device (`aclrtStream`), on the device queue machinery
@@ -71,24 +71,27 @@ impl Stream {
     /// [`crate::queue`]), held in flight until the copy has run. At least one side must be
     /// managed (a copy between two USM ranges is a command list's job).
     ///
-    /// Errors (nothing queued): `InvalidNullPointer` (100000); `AddressNotFound` (107000) for
+    /// Errors (nothing queued): `ACL_ERROR_INVALID_PARAM` (100000); `ACL_ERROR_RT_PARAM_INVALID` (107000) for
     /// a managed range running past its allocation or when neither side is managed memory;
-    /// `InvalidArgument` (107000) for a non-managed side that is not memory the driver knows
+    /// `ACL_ERROR_RT_PARAM_INVALID` (107000) for a non-managed side that is not memory the driver knows
     /// (or read-only memory as the destination).
     pub fn memcpy_async(&self, dst: usize, src: usize, count: usize) -> Result<()> {
         if dst == 0 || src == 0 {
-            return Err(Error::InvalidNullPointer("pointer is null".into()));
+            return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
         }
         let (dm, sm) = {
             let st = self.core.state.lock();
             let dm = self.core.find(&st, dst).is_some();
             let sm = self.core.find(&st, src).is_some();
             if !dm && !sm {
-                return Err(Error::AddressNotFound(format!(
-                    "neither {} nor {} is inside managed memory",
-                    Addr(dst),
-                    Addr(src)
-                )));
+                return Err(Error::Acl(
+                    AclCode::RtParamInvalid,
+                    format!(
+                        "neither {} nor {} is inside managed memory",
+                        Addr(dst),
+                        Addr(src)
+                    ),
+                ));
             }
             if dm {
                 self.core.check_range(&st, dst, count)?;
@@ -118,11 +121,11 @@ impl Stream {
     /// there first). Run-time errors (e.g. `OutOfDeviceMemory` when the device is full of
     /// pages in use by running work) are reported by [`Stream::synchronize`].
     ///
-    /// Errors (nothing queued): `InvalidNullPointer` (100000); `AddressNotFound` (107000) for
+    /// Errors (nothing queued): `ACL_ERROR_INVALID_PARAM` (100000); `ACL_ERROR_RT_PARAM_INVALID` (107000) for
     /// a range not inside one managed allocation.
     pub fn memset_async(&self, ptr: usize, value: u8, count: usize) -> Result<()> {
         if ptr == 0 {
-            return Err(Error::InvalidNullPointer("pointer is null".into()));
+            return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
         }
         self.core.check_range(&self.core.state.lock(), ptr, count)?;
         let d = self.dev();
@@ -169,7 +172,10 @@ impl Stream {
             let st = self.core.state.lock();
             for &(p, l, _) in buffers {
                 if p == 0 {
-                    return Err(Error::InvalidNullPointer("buffer pointer is null".into()));
+                    return Err(Error::Acl(
+                        AclCode::InvalidParam,
+                        "buffer pointer is null".into(),
+                    ));
                 }
                 self.core.check_range(&st, p, l)?;
             }
@@ -201,7 +207,12 @@ impl Stream {
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || work(&dev)))
             });
             c.unpin(&mut st, &keep);
-            r.map_err(|_| Error::Unknown("launched device work panicked".into()))
+            r.map_err(|_| {
+                Error::Acl(
+                    AclCode::RtDrvInternalError,
+                    "launched device work panicked".into(),
+                )
+            })
         });
         Ok(())
     }
@@ -217,24 +228,31 @@ impl Context {
     /// multiple of 2 MiB, 2 MiB-aligned, reachable from the host and every device. Pages are
     /// populated on first touch (contents not initialised; fresh pages read zero here).
     ///
-    /// Errors: `InvalidEnumeration` (100000) unless `flag` is [`ACL_RT_MEM_ATTACH_GLOBAL`];
-    /// `InvalidSize` (100000) for 0; `UnsupportedSize` (107000) over 3 TiB; `OutOfHostMemory`
+    /// Errors: `ACL_ERROR_INVALID_PARAM` (100000) unless `flag` is [`ACL_RT_MEM_ATTACH_GLOBAL`];
+    /// `ACL_ERROR_INVALID_PARAM` (100000) for 0; `ACL_ERROR_RT_PARAM_INVALID` (107000) over 3 TiB; `OutOfHostMemory`
     /// (207001) if the process would hold over 3 TiB of managed memory or the OS refuses;
-    /// `UnsupportedFeature` (207000) where the platform cannot migrate on faults (the message
+    /// `ACL_ERROR_RT_FEATURE_NOT_SUPPORT` (207000) where the platform cannot migrate on faults (the message
     /// says why).
     pub fn alloc_managed(&self, size: u64, flag: u32) -> Result<usize> {
         if flag != ACL_RT_MEM_ATTACH_GLOBAL {
-            return Err(Error::InvalidEnumeration(format!(
-                "flag {flag:#x} is not ACL_RT_MEM_ATTACH_GLOBAL (0x1)"
-            )));
+            return Err(Error::Acl(
+                AclCode::InvalidParam,
+                format!("flag {flag:#x} is not ACL_RT_MEM_ATTACH_GLOBAL (0x1)"),
+            ));
         }
         if size == 0 {
-            return Err(Error::InvalidSize("managed allocation of size 0".into()));
+            return Err(Error::Acl(
+                AclCode::InvalidParam,
+                "managed allocation of size 0".into(),
+            ));
         }
         if size > MAX_MANAGED_PER_PROCESS {
-            return Err(Error::UnsupportedSize(format!(
-                "size {size:#x} exceeds the 3 TiB of managed memory a process may allocate"
-            )));
+            return Err(Error::Acl(
+                AclCode::RtParamInvalid,
+                format!(
+                    "size {size:#x} exceeds the 3 TiB of managed memory a process may allocate"
+                ),
+            ));
         }
         let rounded = size.div_ceil(PAGE as u64) * PAGE as u64;
         let core = self.managed()?;
@@ -244,10 +262,13 @@ impl Context {
                     .filter(|&n| n <= MAX_MANAGED_PER_PROCESS)
             })
             .map_err(|u| {
-                Error::OutOfHostMemory(format!(
+                Error::Acl(
+                    AclCode::RtMemoryAllocation,
+                    format!(
                     "the process holds {u:#x} bytes of managed memory; {rounded:#x} more would \
                      pass the 3 TiB limit"
-                ))
+                ),
+                )
             })?;
         let range = match core.ops.reserve(rounded as usize, PAGE) {
             Ok(r) => r,
@@ -276,22 +297,25 @@ impl Context {
     /// of this context. Its pages leave every device at once. Stream work queued on it and not
     /// yet run reports `AddressNotFound` at synchronize.
     ///
-    /// Errors (nothing freed): `InvalidNullPointer` (100000); `AddressNotFound` (107000) for any
+    /// Errors (nothing freed): `ACL_ERROR_INVALID_PARAM` (100000); `ACL_ERROR_RT_PARAM_INVALID` (107000) for any
     /// other pointer (interior, unknown, freed, another context's); `UnsupportedFeature`
     /// (207000) where managed memory is unavailable.
     pub fn free_managed(&self, ptr: usize) -> Result<()> {
         if ptr == 0 {
-            return Err(Error::InvalidNullPointer("pointer is null".into()));
+            return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
         }
         let core = self.managed()?;
         let mut st = core.state.lock();
         let size = match st.allocs.get(&ptr) {
             Some(a) if a.ctx == self.id() => a.range.size,
             _ => {
-                return Err(Error::AddressNotFound(format!(
-                    "{} is not the base of a managed allocation of this context",
-                    Addr(ptr)
-                )))
+                return Err(Error::Acl(
+                    AclCode::RtParamInvalid,
+                    format!(
+                        "{} is not the base of a managed allocation of this context",
+                        Addr(ptr)
+                    ),
+                ))
             }
         };
         // Work running on the allocation finishes first (its pages are pinned).
@@ -316,8 +340,8 @@ impl Context {
     /// allocation; any alignment, `count` 0 allowed) to `value` from the calling thread; the
     /// pages migrate to the host.
     ///
-    /// Errors (nothing written): `InvalidNullPointer` (100000); `AddressNotFound` (107000) for a
-    /// range not inside one managed allocation (or overflowing); `UnsupportedFeature` (207000)
+    /// Errors (nothing written): `ACL_ERROR_INVALID_PARAM` (100000); `ACL_ERROR_RT_PARAM_INVALID` (107000) for a
+    /// range not inside one managed allocation (or overflowing); `ACL_ERROR_RT_FEATURE_NOT_SUPPORT` (207000)
     /// where managed memory is unavailable.
     pub fn managed_memset(&self, ptr: usize, value: u8, count: usize) -> Result<()> {
         self.check_host_range(ptr, count)?;
@@ -334,12 +358,12 @@ impl Context {
     /// buffers, USM host / device / shared allocations, imports (on this backend device memory
     /// is process memory). At least one side must be managed.
     ///
-    /// Errors (nothing copied): `InvalidNullPointer` (100000); `AddressNotFound` (107000) for a
+    /// Errors (nothing copied): `ACL_ERROR_INVALID_PARAM` (100000); `ACL_ERROR_RT_PARAM_INVALID` (107000) for a
     /// managed range running past its allocation, a plain range that is not mapped with the
     /// access needed or runs into managed memory, or when neither side is managed.
     pub fn managed_memcpy(&self, dst: usize, src: usize, count: usize) -> Result<()> {
         if dst == 0 || src == 0 {
-            return Err(Error::InvalidNullPointer("pointer is null".into()));
+            return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
         }
         let core = self.managed()?;
         {
@@ -347,26 +371,35 @@ impl Context {
             let dm = core.find(&st, dst).is_some();
             let sm = core.find(&st, src).is_some();
             if !dm && !sm {
-                return Err(Error::AddressNotFound(format!(
-                    "neither {} nor {} is inside managed memory",
-                    Addr(dst),
-                    Addr(src)
-                )));
+                return Err(Error::Acl(
+                    AclCode::RtParamInvalid,
+                    format!(
+                        "neither {} nor {} is inside managed memory",
+                        Addr(dst),
+                        Addr(src)
+                    ),
+                ));
             }
             for (p, managed, write) in [(dst, dm, true), (src, sm, false)] {
                 if managed {
                     core.check_range(&st, p, count)?;
                 } else {
                     let end = p.checked_add(count).ok_or_else(|| {
-                        Error::AddressNotFound(format!("{} + {count:#x} overflows", Addr(p)))
+                        Error::Acl(
+                            AclCode::RtParamInvalid,
+                            format!("{} + {count:#x} overflows", Addr(p)),
+                        )
                     })?;
                     if let Some((&b, _)) = st.allocs.range(p..end).next() {
-                        return Err(Error::AddressNotFound(format!(
-                            "[{}, {}) runs into the managed allocation at {}",
-                            Addr(p),
-                            Addr(end),
-                            Addr(b)
-                        )));
+                        return Err(Error::Acl(
+                            AclCode::RtParamInvalid,
+                            format!(
+                                "[{}, {}) runs into the managed allocation at {}",
+                                Addr(p),
+                                Addr(end),
+                                Addr(b)
+                            ),
+                        ));
                     }
                     check_process_memory(self.driver_shared().backend.as_ref(), p, count, write)?;
                 }
@@ -404,7 +437,7 @@ impl Context {
 
     fn check_host_range(&self, ptr: usize, count: usize) -> Result<()> {
         if ptr == 0 {
-            return Err(Error::InvalidNullPointer("pointer is null".into()));
+            return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
         }
         let core = self.managed()?;
         let st = core.state.lock();
@@ -415,17 +448,17 @@ impl Context {
     /// each does. `location` is ignored by `SET_READ_MOSTLY` and `UNSET_PREFERRED_LOCATION`;
     /// `UNSET_READ_MOSTLY` takes INVALID as the host.
     ///
-    /// Errors (nothing changed): `InvalidNullPointer` / `InvalidSize` (100000) for null / 0;
-    /// `UnsupportedSize` (107000) for a size that is not a multiple of 2 MiB or over 3 TiB;
-    /// `AddressNotFound` (107000) unless the range is inside one managed allocation;
-    /// `UnsupportedAlignment` (107008) for a pointer not 2 MiB-aligned; `InvalidArgument`
+    /// Errors (nothing changed): `ACL_ERROR_INVALID_PARAM` (100000) for null / 0;
+    /// `ACL_ERROR_RT_PARAM_INVALID` (107000) for a size that is not a multiple of 2 MiB or over 3 TiB;
+    /// `ACL_ERROR_RT_PARAM_INVALID` (107000) unless the range is inside one managed allocation;
+    /// `ACL_ERROR_RT_ADDR_UNALIGNED` (107008) for a pointer not 2 MiB-aligned; `InvalidArgument`
     /// (107000) for an INVALID location where one is needed, a device id that is not a device, a
     /// NUMA node that does not exist, or a preferred location refused because pages are mapped
-    /// elsewhere; `OutOfDeviceMemory` (207001) if the device an eager step needs cannot take
+    /// elsewhere; `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001) if the device an eager step needs cannot take
     /// the pages (`SET_PREFERRED_LOCATION`: the whole range at once, next to the device's
     /// other memory and pages in use by running work; `UNSET_READ_MOSTLY` / `SET_ACCESSED_BY`
     /// to a device: not even one page, the device being full of memory that is not an
-    /// evictable managed page); `UnsupportedFeature` (207000) where managed memory is
+    /// evictable managed page); `ACL_ERROR_RT_FEATURE_NOT_SUPPORT` (207000) where managed memory is
     /// unavailable. Every refusal is decided before any page moves or any advice is recorded.
     /// Only a failure of the platform itself in the middle (the OS refusing a mapping) can
     /// leave pages moved; the advice is then still not recorded, `SET_READ_MOSTLY` takes its
@@ -516,27 +549,36 @@ impl Context {
                     match loc {
                         Loc::Host | Loc::Numa(_) => {
                             if let Some(d) = p.on_device() {
-                                return Err(Error::InvalidArgument(format!(
-                                    "SET_PREFERRED_LOCATION to the host: page {} is mapped on \
+                                return Err(Error::Acl(
+                                    AclCode::RtParamInvalid,
+                                    format!(
+                                        "SET_PREFERRED_LOCATION to the host: page {} is mapped on \
                                      device {d}",
-                                    Addr(a)
-                                )));
+                                        Addr(a)
+                                    ),
+                                ));
                             }
                         }
                         Loc::Device(d) => {
                             if p.host {
-                                return Err(Error::InvalidArgument(format!(
+                                return Err(Error::Acl(
+                                    AclCode::RtParamInvalid,
+                                    format!(
                                     "SET_PREFERRED_LOCATION to device {d}: page {} is mapped on \
                                      the host",
                                     Addr(a)
-                                )));
+                                ),
+                                ));
                             }
                             if let Some(e) = p.on_device().filter(|&e| e != d) {
-                                return Err(Error::InvalidArgument(format!(
+                                return Err(Error::Acl(
+                                    AclCode::RtParamInvalid,
+                                    format!(
                                     "SET_PREFERRED_LOCATION to device {d}: page {} is mapped on \
                                      device {e}",
                                     Addr(a)
-                                )));
+                                ),
+                                ));
                             }
                         }
                     }
@@ -552,11 +594,14 @@ impl Context {
                         .count() as u64;
                     let room = core.room_pages(&st, d, ptr..ptr + size);
                     if need > room {
-                        return Err(Error::OutOfDeviceMemory(format!(
+                        return Err(Error::Acl(
+                            AclCode::RtMemoryAllocation,
+                            format!(
                             "SET_PREFERRED_LOCATION to device {d}: {need} pages of the range are \
                              not on the device and it has room for {room} (its other memory, USM \
                              allocations and pages in use by running work, stays)"
-                        )));
+                        ),
+                        ));
                     }
                 }
                 for &a in &pages {
@@ -618,11 +663,11 @@ impl Context {
     /// there (read-mostly pages get a read-only copy there, keeping the others; fresh pages are
     /// populated there). `LAST_PREFETCH_LOCATION` records the request at once.
     ///
-    /// Errors (nothing queued or recorded): `InvalidEnumeration` (100000) unless `flags` is 0;
+    /// Errors (nothing queued or recorded): `ACL_ERROR_INVALID_PARAM` (100000) unless `flags` is 0;
     /// then as [`Context::mem_advise`] for pointer, size, range and alignment; `InvalidArgument`
     /// (107000) for an INVALID location, a bad device id or NUMA node; `InvalidArgument` for a
     /// stream of another driver. At run time (reported by [`Stream::synchronize`]):
-    /// `OutOfDeviceMemory` (207001) if the device cannot take a single page (full of memory
+    /// `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001) if the device cannot take a single page (full of memory
     /// that is not an evictable managed page): nothing moves, `LAST_PREFETCH_LOCATION` keeps
     /// the request (it records requests, not completion); `AddressNotFound` if the memory was
     /// freed before the prefetch ran.
@@ -638,13 +683,15 @@ impl Context {
         stream: &Stream,
     ) -> Result<()> {
         if flags != 0 {
-            return Err(Error::InvalidEnumeration(format!(
-                "prefetch flags {flags:#x} must be 0"
-            )));
+            return Err(Error::Acl(
+                AclCode::InvalidParam,
+                format!("prefetch flags {flags:#x} must be 0"),
+            ));
         }
         let core = self.managed()?;
         if !Arc::ptr_eq(core, &stream.core) {
-            return Err(Error::InvalidArgument(
+            return Err(Error::Acl(
+                AclCode::RtParamInvalid,
                 "the stream belongs to another driver".into(),
             ));
         }
@@ -672,11 +719,11 @@ impl Context {
     /// 32-bit integers; `data.len()` is `dataSize`. Every page the range overlaps counts; see
     /// [`RangeAttribute`] for the answers.
     ///
-    /// Errors: `InvalidNullPointer` (100000) for a null pointer; `InvalidSize` (100000) for size
-    /// 0; `UnsupportedSize` (107000) over 3 TiB or for a `dataSize` its attribute does not
-    /// allow (4, or a non-zero multiple of 4 for ACCESSED_BY); `AddressNotFound` (107000)
+    /// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for a null pointer; `ACL_ERROR_INVALID_PARAM` (100000) for size
+    /// 0; `ACL_ERROR_RT_PARAM_INVALID` (107000) over 3 TiB or for a `dataSize` its attribute does not
+    /// allow (4, or a non-zero multiple of 4 for ACCESSED_BY); `ACL_ERROR_RT_PARAM_INVALID` (107000)
     /// unless the range is inside one managed allocation (or `ptr + size` overflows);
-    /// `UnsupportedFeature` (207000) where managed memory is unavailable. Nothing is written on
+    /// `ACL_ERROR_RT_FEATURE_NOT_SUPPORT` (207000) where managed memory is unavailable. Nothing is written on
     /// error. `size` in bytes, no alignment rule; any `dataSize` allowed is written in full
     /// (ACCESSED_BY padded with -2), without allocating.
     pub fn managed_get_attr(
@@ -694,7 +741,7 @@ impl Context {
     /// Several attributes at once (`aclrtMemManagedGetAttrs`): `data[i]` receives
     /// `attributes[i]`. All are checked before any is written.
     ///
-    /// Errors: `InvalidSize` (100000) for no attribute or a count mismatch; then as
+    /// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for no attribute or a count mismatch; then as
     /// [`Context::managed_get_attr`] for each.
     pub fn managed_get_attrs(
         &self,
@@ -704,11 +751,14 @@ impl Context {
         data: &mut [&mut [u8]],
     ) -> Result<()> {
         if attributes.is_empty() || attributes.len() != data.len() {
-            return Err(Error::InvalidSize(format!(
-                "{} attributes and {} data buffers",
-                attributes.len(),
-                data.len()
-            )));
+            return Err(Error::Acl(
+                AclCode::InvalidParam,
+                format!(
+                    "{} attributes and {} data buffers",
+                    attributes.len(),
+                    data.len()
+                ),
+            ));
         }
         let core = self.managed()?;
         let st = core.state.lock();
@@ -725,8 +775,8 @@ impl Context {
     /// `dataSize` 4, `aclrtMemManagedGetAttr`). For ACCESSED_BY it gives the first slot (-2 if
     /// none). `size` in bytes, no alignment rule.
     ///
-    /// Errors: as [`Context::managed_get_attr`]: `InvalidNullPointer` / `InvalidSize` (100000)
-    /// for a null pointer / size 0; `UnsupportedSize` (107000) over 3 TiB; `AddressNotFound`
+    /// Errors: as [`Context::managed_get_attr`]: `ACL_ERROR_INVALID_PARAM` (100000)
+    /// for a null pointer / size 0; `ACL_ERROR_RT_PARAM_INVALID` (107000) over 3 TiB; `AddressNotFound`
     /// (107000) unless the range is inside one managed allocation; `UnsupportedFeature`
     /// (207000) where managed memory is unavailable.
     pub fn managed_attr_i32(
@@ -748,16 +798,19 @@ impl Context {
     /// 4): the ids (device id, -1 host, NUMA node id) advised over the whole range, in `slots`
     /// entries, padded with -2 or truncated. `size` in bytes, no alignment rule.
     ///
-    /// Errors: `UnsupportedSize` (107000) for `slots` 0 (dataSize 0) or over
+    /// Errors: `ACL_ERROR_RT_PARAM_INVALID` (107000) for `slots` 0 (dataSize 0) or over
     /// [`Context::MAX_ACCESSED_BY_SLOTS`] (use [`Context::managed_get_attr`] with a buffer of
     /// your own for more); then as [`Context::managed_attr_i32`].
     pub fn managed_accessed_by(&self, ptr: usize, size: usize, slots: usize) -> Result<Vec<i32>> {
         if slots == 0 || slots > Self::MAX_ACCESSED_BY_SLOTS {
-            return Err(Error::UnsupportedSize(format!(
-                "{slots} ACCESSED_BY slots: 1 to {} are answered here (dataSize a non-zero \
+            return Err(Error::Acl(
+                AclCode::RtParamInvalid,
+                format!(
+                    "{slots} ACCESSED_BY slots: 1 to {} are answered here (dataSize a non-zero \
                  multiple of 4; larger buffers through managed_get_attr)",
-                Self::MAX_ACCESSED_BY_SLOTS
-            )));
+                    Self::MAX_ACCESSED_BY_SLOTS
+                ),
+            ));
         }
         let mut b = vec![0u8; slots * 4];
         self.managed_get_attr(RangeAttribute::AccessedBy, ptr, size, &mut b)?;
@@ -768,7 +821,7 @@ impl Context {
 
     /// Creates an in-order stream on `device` (`aclrtCreateStream` after `aclrtSetDevice`).
     ///
-    /// Errors: `InvalidNullHandle` for a device of another driver; `UnsupportedFeature` (207000)
+    /// Errors: `InvalidNullHandle` for a device of another driver; `ACL_ERROR_RT_FEATURE_NOT_SUPPORT` (207000)
     /// where managed memory is unavailable; `OutOfHostMemory` if the engine cannot start.
     pub fn create_stream(&self, device: &Device) -> Result<Stream> {
         let core = self.managed()?.clone();
@@ -784,12 +837,12 @@ impl Context {
     /// host-synchronous read is [`Context::managed_read`]). A page that has never been touched
     /// reads as zeros.
     ///
-    /// Errors: `InvalidNullPointer`; `AddressNotFound` (107000) for a range not inside one
+    /// Errors: `InvalidNullPointer`; `ACL_ERROR_RT_PARAM_INVALID` (107000) for a range not inside one
     /// managed allocation; `Unknown` if the copies of a read-mostly page differ (a broken
     /// invariant, never expected).
     pub fn managed_peek(&self, src: usize, out: &mut [u8]) -> Result<()> {
         if src == 0 {
-            return Err(Error::InvalidNullPointer("pointer is null".into()));
+            return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
         }
         let core = self.managed()?;
         let st = core.state.lock();
@@ -823,10 +876,10 @@ impl Context {
                 // SAFETY: as above.
                 let other = unsafe { std::slice::from_raw_parts(s as *const u8, n) };
                 if other != &*dst {
-                    return Err(Error::Unknown(format!(
-                        "the copies of read-mostly page {} differ",
-                        Addr(page)
-                    )));
+                    return Err(Error::Acl(
+                        AclCode::RtDrvInternalError,
+                        format!("the copies of read-mostly page {} differ", Addr(page)),
+                    ));
                 }
             }
             at += n;

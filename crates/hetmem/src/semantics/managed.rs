@@ -46,14 +46,15 @@
 //! lock, and work never runs with `state` held, so the only cycle left is one the caller
 //! builds: work that waits for a thread that itself waits for that work's pages.
 //!
-//! # Errors (ACL codes through [`Error::acl_error`])
-//! Null pointers, size 0 and bad flag values are API-layer errors, 100000
-//! (`InvalidNullPointer`, `InvalidSize`, `InvalidEnumeration`). Out-of-range enumeration values
-//! (`UnsupportedEnumeration`), bad device or NUMA ids and refused advice (`InvalidArgument`), a
-//! size that is not a multiple of 2 MiB or over 3 TiB, a bad `dataSize` (`UnsupportedSize`), and
-//! a range not inside one managed allocation (`AddressNotFound`) are 107000. A pointer that is
-//! not 2 MiB-aligned where alignment is required is 107008 (`UnsupportedAlignment`). A platform
-//! without userfaultfd is 207000 (`UnsupportedFeature`); memory exhaustion 207001. Checks run in
+//! # Errors
+//! Every refusal of these calls is an [`Error::Acl`] whose [`AclCode`] the rule chose (read it
+//! with [`Error::acl_error`]): null pointers, size 0 and bad flag values are API-layer errors,
+//! `ACL_ERROR_INVALID_PARAM` (100000). Out-of-range enumeration values, bad device or NUMA ids,
+//! refused advice, a size that is not a multiple of 2 MiB or over 3 TiB, a bad `dataSize` and a
+//! range not inside one managed allocation are `ACL_ERROR_RT_PARAM_INVALID` (107000). A pointer
+//! that is not 2 MiB-aligned where alignment is required is `ACL_ERROR_RT_ADDR_UNALIGNED`
+//! (107008). A platform without userfaultfd is `ACL_ERROR_RT_FEATURE_NOT_SUPPORT` (207000);
+//! memory exhaustion `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001). Checks run in
 //! that order: pointer, size, range, alignment, enumerations, locations. A failed call changes
 //! nothing and leaves later calls working: each call decides every refusal (arguments, advice
 //! rules, device room) before it moves a page, and records advice only once its pages have
@@ -68,7 +69,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use crate::backend::managed::{Fault, FaultSink, FaultThread, ManagedOps, ManagedRange};
 use crate::semantics::capacity::DeviceMemory;
 
-use crate::error::{Addr, Error, Result};
+use crate::error::{AclCode, Addr, Error, Result};
 pub use crate::spec::{location_type, Advice, Location, RangeAttribute, ACL_RT_MEM_ATTACH_GLOBAL};
 
 /// The managed page: allocation rounding, advice / prefetch granularity and migration unit
@@ -306,9 +307,10 @@ impl ManagedState {
         }
         match self.core.get() {
             Some(Ok((c, _))) => Ok(c),
-            Some(Err(why)) => Err(Error::UnsupportedFeature(format!(
-                "managed memory is not available: {why}"
-            ))),
+            Some(Err(why)) => Err(Error::Acl(
+                AclCode::RtFeatureNotSupport,
+                format!("managed memory is not available: {why}"),
+            )),
             None => unreachable!("set above"),
         }
     }
@@ -564,9 +566,10 @@ impl Core {
                 let owner = st.cached[di].first_key_value().map(|(_, &a)| a);
                 let Some(owner) = owner else {
                     self.devmem.give_back(di, PAGE as u64);
-                    return Err(Error::OutOfDeviceMemory(format!(
-                        "device {d} has no managed memory slot left"
-                    )));
+                    return Err(Error::Acl(
+                        AclCode::RtMemoryAllocation,
+                        format!("device {d} has no managed memory slot left"),
+                    ));
                 };
                 self.uncache(st, owner, d);
                 let s = st.free_slots[di].pop().expect("just freed");
@@ -585,12 +588,15 @@ impl Core {
             };
             let victim = pick(true, st).or_else(|| pick(false, st));
             let Some(v) = victim else {
-                return Err(Error::OutOfDeviceMemory(format!(
-                    "device {d} is full ({:#x} of {:#x} bytes used) and holds no managed page \
+                return Err(Error::Acl(
+                    AclCode::RtMemoryAllocation,
+                    format!(
+                        "device {d} is full ({:#x} of {:#x} bytes used) and holds no managed page \
                      that can be evicted (pages in use by running work stay)",
-                    self.devmem.used(d as usize),
-                    self.devmem.capacity(d as usize)
-                )));
+                        self.devmem.used(d as usize),
+                        self.devmem.capacity(d as usize)
+                    ),
+                ));
             };
             let p = self.page(st, v);
             if p.copies() == 1 {
@@ -874,7 +880,7 @@ impl Core {
     /// would need a slot that `d` cannot give. Once one page has a slot, every later page can
     /// evict it (or another unpinned page), so room for one is room for all.
     ///
-    /// Errors: `OutOfDeviceMemory` (207001) naming `what`, the device and its use.
+    /// Errors: `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001) naming `what`, the device and its use.
     pub(crate) fn check_room_one_by_one(
         &self,
         st: &State,
@@ -886,12 +892,15 @@ impl Core {
             .iter()
             .any(|&a| self.page_ref(st, a).slots[d as usize].is_none());
         if need && self.room_pages(st, d, 0..0) == 0 {
-            return Err(Error::OutOfDeviceMemory(format!(
+            return Err(Error::Acl(
+                AclCode::RtMemoryAllocation,
+                format!(
                 "{what} to device {d}: the device is full ({:#x} of {:#x} bytes used) and holds \
                  no managed page that can be evicted",
                 self.devmem.used(d as usize),
                 self.devmem.capacity(d as usize)
-            )));
+            ),
+            ));
         }
         Ok(())
     }
@@ -975,37 +984,47 @@ impl Core {
     /// Checks `[ptr, ptr+size)` lies inside one live allocation.
     pub(crate) fn check_range(&self, st: &State, ptr: usize, size: usize) -> Result<()> {
         let end = ptr.checked_add(size).ok_or_else(|| {
-            Error::AddressNotFound(format!("{} + {size:#x} overflows", Addr(ptr)))
+            Error::Acl(
+                AclCode::RtParamInvalid,
+                format!("{} + {size:#x} overflows", Addr(ptr)),
+            )
         })?;
         match st.allocs.range(..=ptr).next_back() {
             Some((&b, a)) if ptr < b + a.range.size && end <= b + a.range.size => Ok(()),
-            Some((&b, a)) if ptr < b + a.range.size => Err(Error::AddressNotFound(format!(
-                "[{}, {}) runs past the end {} of the managed allocation at {}",
-                Addr(ptr),
-                Addr(end),
-                Addr(b + a.range.size),
-                Addr(b)
-            ))),
-            _ => Err(Error::AddressNotFound(format!(
-                "{} is not inside managed memory",
-                Addr(ptr)
-            ))),
+            Some((&b, a)) if ptr < b + a.range.size => Err(Error::Acl(
+                AclCode::RtParamInvalid,
+                format!(
+                    "[{}, {}) runs past the end {} of the managed allocation at {}",
+                    Addr(ptr),
+                    Addr(end),
+                    Addr(b + a.range.size),
+                    Addr(b)
+                ),
+            )),
+            _ => Err(Error::Acl(
+                AclCode::RtParamInvalid,
+                format!("{} is not inside managed memory", Addr(ptr)),
+            )),
         }
     }
 
     pub(crate) fn resolve(&self, loc: Location, what: &str) -> Result<Loc> {
         match loc {
-            Location::Invalid => Err(Error::InvalidArgument(format!(
-                "location type INVALID is not allowed for {what}"
-            ))),
+            Location::Invalid => Err(Error::Acl(
+                AclCode::RtParamInvalid,
+                format!("location type INVALID is not allowed for {what}"),
+            )),
             Location::Device(d) => {
                 if (d as usize) < self.devmem.len() {
                     Ok(Loc::Device(d))
                 } else {
-                    Err(Error::InvalidArgument(format!(
-                        "device id {d} is not a device (there are {})",
-                        self.devmem.len()
-                    )))
+                    Err(Error::Acl(
+                        AclCode::RtParamInvalid,
+                        format!(
+                            "device id {d} is not a device (there are {})",
+                            self.devmem.len()
+                        ),
+                    ))
                 }
             }
             Location::Host => Ok(Loc::Host),
@@ -1014,9 +1033,10 @@ impl Core {
                 if nodes.contains(&n) {
                     Ok(Loc::Numa(n))
                 } else {
-                    Err(Error::InvalidArgument(format!(
-                        "NUMA node {n} does not exist (nodes: {nodes:?})"
-                    )))
+                    Err(Error::Acl(
+                        AclCode::RtParamInvalid,
+                        format!("NUMA node {n} does not exist (nodes: {nodes:?})"),
+                    ))
                 }
             }
             Location::HostNumaCurrent => Ok(Loc::Numa(self.ops.current_numa_node())),
@@ -1121,13 +1141,16 @@ pub(crate) fn check_process_memory(
         }
         at = next;
     }
-    Err(Error::AddressNotFound(format!(
-        "{} is not {} process memory (in [{}, {}))",
-        Addr(at.min(end)),
-        if write { "writable" } else { "readable" },
-        Addr(ptr),
-        Addr(end)
-    )))
+    Err(Error::Acl(
+        AclCode::RtParamInvalid,
+        format!(
+            "{} is not {} process memory (in [{}, {}))",
+            Addr(at.min(end)),
+            if write { "writable" } else { "readable" },
+            Addr(ptr),
+            Addr(end)
+        ),
+    ))
 }
 
 /// The managed-page addresses `[ptr, ptr+len)` overlaps (none for `len` 0).
@@ -1140,22 +1163,23 @@ pub(crate) fn pages_of(ptr: usize, len: usize) -> impl Iterator<Item = usize> {
 /// Checks pointer / size / alignment of an advise or prefetch (see the module docs).
 pub(crate) fn check_advise_args(core: &Core, st: &State, ptr: usize, size: usize) -> Result<()> {
     if ptr == 0 {
-        return Err(Error::InvalidNullPointer("pointer is null".into()));
+        return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
     }
     if size == 0 {
-        return Err(Error::InvalidSize("size is 0".into()));
+        return Err(Error::Acl(AclCode::InvalidParam, "size is 0".into()));
     }
     if size as u64 > MAX_MANAGED_PER_PROCESS || !size.is_multiple_of(PAGE) {
-        return Err(Error::UnsupportedSize(format!(
-            "size {size:#x} is not a multiple of 2 MiB in (0, 3 TiB]"
-        )));
+        return Err(Error::Acl(
+            AclCode::RtParamInvalid,
+            format!("size {size:#x} is not a multiple of 2 MiB in (0, 3 TiB]"),
+        ));
     }
     core.check_range(st, ptr, size)?;
     if !ptr.is_multiple_of(PAGE) {
-        return Err(Error::UnsupportedAlignment(format!(
-            "pointer {} is not aligned to 2 MiB",
-            Addr(ptr)
-        )));
+        return Err(Error::Acl(
+            AclCode::RtAddrUnaligned,
+            format!("pointer {} is not aligned to 2 MiB", Addr(ptr)),
+        ));
     }
     Ok(())
 }
@@ -1209,14 +1233,17 @@ pub(crate) fn check_data_size(attribute: RangeAttribute, n: usize) -> Result<()>
     if ok {
         Ok(())
     } else {
-        Err(Error::UnsupportedSize(format!(
-            "dataSize {n} is not allowed for {attribute:?} ({})",
-            if attribute == RangeAttribute::AccessedBy {
-                "a non-zero multiple of 4"
-            } else {
-                "must be 4"
-            }
-        )))
+        Err(Error::Acl(
+            AclCode::RtParamInvalid,
+            format!(
+                "dataSize {n} is not allowed for {attribute:?} ({})",
+                if attribute == RangeAttribute::AccessedBy {
+                    "a non-zero multiple of 4"
+                } else {
+                    "must be 4"
+                }
+            ),
+        ))
     }
 }
 
@@ -1229,15 +1256,16 @@ pub(crate) fn get_attr_locked(
     data: &mut [u8],
 ) -> Result<()> {
     if ptr == 0 {
-        return Err(Error::InvalidNullPointer("pointer is null".into()));
+        return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
     }
     if size == 0 {
-        return Err(Error::InvalidSize("size is 0".into()));
+        return Err(Error::Acl(AclCode::InvalidParam, "size is 0".into()));
     }
     if size as u64 > MAX_MANAGED_PER_PROCESS {
-        return Err(Error::UnsupportedSize(format!(
-            "size {size:#x} exceeds 3 TiB"
-        )));
+        return Err(Error::Acl(
+            AclCode::RtParamInvalid,
+            format!("size {size:#x} exceeds 3 TiB"),
+        ));
     }
     check_data_size(attribute, data.len())?;
     core.check_range(st, ptr, size)?;
