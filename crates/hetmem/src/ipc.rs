@@ -373,6 +373,8 @@ struct Piece {
 struct ExportRec {
     token: [u8; 16],
     kind: IpcHandleKind,
+    /// The memory type the handle reports (byte 10).
+    mem: MemoryType,
     context: u64,
     /// The exporting driver (`Arc::as_ptr` of its shared state; its contexts keep it alive
     /// while the export lives).
@@ -582,6 +584,7 @@ fn register(
         ExportRec {
             token,
             kind,
+            mem,
             context,
             driver,
             size: size as u64,
@@ -1368,6 +1371,78 @@ impl Context {
         drop(ex);
         drop(rec);
         Ok(())
+    }
+
+    /// `zeMemGetIpcHandleFromFileDescriptorExp`: the IPC handle for the memory behind `fd`, a
+    /// file descriptor of this process (as `zeMemGetFileDescriptorFromIpcHandleExp` gave it, or
+    /// as received from another process with `SCM_RIGHTS`).
+    ///
+    /// If `fd` is the memfd of a live export of this process (same device and inode as the
+    /// export's first fd), the handle is that export's, with `fd` in bytes 0..4. Otherwise the
+    /// handle describes the memfd alone: kind allocation, memory type device, no exporter
+    /// (pid 0, so opening it never contacts a broker), view size the memfd's size; opening it
+    /// maps `fd` through the fd transport (see the module docs), which checks it again.
+    ///
+    /// Errors: `InvalidArgument` for a negative fd, an fd that is not open, not a memfd sealed
+    /// against grow and shrink, or empty. Nothing changes (no fd is kept or closed).
+    pub fn ipc_handle_from_fd(&self, fd: i32) -> Result<IpcHandle> {
+        if fd < 0 {
+            return Err(Error::InvalidArgument(format!(
+                "file descriptor {fd} is negative"
+            )));
+        }
+        // SAFETY: only inspected (fstat, F_GET_SEALS); a number that is not open fails.
+        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+        let (dev, ino, size) = transport::fd_identity(b)
+            .ok_or_else(|| Error::InvalidArgument(format!("file descriptor {fd} is not open")))?;
+        check_received_fd(b, 1)?;
+        let dev32 = u32::try_from(dev).map_err(|_| {
+            Error::InvalidArgument(format!("st_dev {dev:#x} of fd {fd} does not fit 32 bits"))
+        })?;
+        {
+            let ex = EXPORTS.lock();
+            for (&id, rec) in ex.iter() {
+                if rec.kind == IpcHandleKind::Range || rec.context != self.id() {
+                    continue;
+                }
+                let first = rec.fds.first().expect("an export has an fd");
+                if let Some((d, i, _)) = transport::fd_identity(first.as_fd()) {
+                    if d == dev && i == ino {
+                        let nonce = start_broker()?;
+                        return Ok(encode(
+                            fd,
+                            &Decoded {
+                                kind: rec.kind,
+                                mem: rec.mem,
+                                pid: own_pid(),
+                                nonce,
+                                id,
+                                token: rec.token,
+                                size: rec.size,
+                                ino,
+                                dev: dev32,
+                                pieces: 1,
+                            },
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(encode(
+            fd,
+            &Decoded {
+                kind: IpcHandleKind::Allocation,
+                mem: MemoryType::Device,
+                pid: 0,
+                nonce: 0,
+                id: 0,
+                token: [0; 16],
+                size,
+                ino,
+                dev: dev32,
+                pieces: 1,
+            },
+        ))
     }
 
     /// `zeMemAllocDevice` with `ze_ipc_mem_handle_type_ext_desc_t` chained: as
