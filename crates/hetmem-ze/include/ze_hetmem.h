@@ -37,6 +37,9 @@ extern "C" {
 /* [I] named by the external-memmap extension [S]; ZE_BIT(4), the bit after
  * ZE_HOST_MEM_ALLOC_FLAG_BIAS_INITIAL_PLACEMENT (ZE_BIT(3), the last of the 1.4 header). */
 #define ZE_HETMEM_HOST_MEM_ALLOC_FLAG_MEM_READ_ONLY (1u << 4)
+/* The 1.4 header calls bit 0 TBD; named from 1.? on [T]. */
+#define ZE_HETMEM_PHYSICAL_MEM_FLAG_ALLOCATE_ON_DEVICE (1u << 0)       /* [T] [F] */
+#define ZE_HETMEM_PHYSICAL_MEM_FLAG_ALLOCATE_ON_HOST (1u << 1)         /* [T] [F] */
 #define ZE_HETMEM_IPC_MEM_HANDLE_TYPE_FLAG_DEFAULT (1u << 0)            /* [F] */
 #define ZE_HETMEM_IPC_MEM_HANDLE_TYPE_FLAG_FABRIC_ACCESSIBLE (1u << 1)  /* [F] */
 #define ZE_HETMEM_RELAXED_ALLOCATION_LIMITS_EXT_FLAG_MAX_SIZE (1u << 0) /* [S] */
