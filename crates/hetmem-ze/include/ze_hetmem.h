@@ -21,6 +21,9 @@
 extern "C" {
 #endif
 
+/* ---- result codes ------------------------------------------------------------------- */
+#define ZE_HETMEM_RESULT_ERROR_ADDRESS_NOT_FOUND ((ze_result_t)0x78000021) /* [F] */
+
 /* ---- structure types ---------------------------------------------------------------- */
 #define ZE_HETMEM_STYPE_RELAXED_ALLOCATION_LIMITS_EXT_DESC ((ze_structure_type_t)0x10016)     /* [F] */
 #define ZE_HETMEM_STYPE_EXTERNAL_MEMMAP_SYSMEM_EXT_DESC ((ze_structure_type_t)0x00020037)    /* [F] */
