@@ -20,7 +20,10 @@ type H = *mut c_void;
 const OK: ZeResult = Ok(ZE_RESULT_SUCCESS);
 
 fn null_ptr(what: &str) -> u32 {
-    fail(ZE_RESULT_ERROR_INVALID_NULL_POINTER, format!("{what} is null"))
+    fail(
+        ZE_RESULT_ERROR_INVALID_NULL_POINTER,
+        format!("{what} is null"),
+    )
 }
 
 /// `&mut *p`, or `INVALID_NULL_POINTER` naming `what`.
@@ -157,7 +160,11 @@ fn handle_out(p: *mut H, h: u64) {
 #[no_mangle]
 pub unsafe extern "C" fn zeInit(flags: u32) -> ze_result_t {
     guard(|| {
-        flags_within(flags, ZE_INIT_FLAG_GPU_ONLY | ZE_INIT_FLAG_VPU_ONLY, "zeInit flags")?;
+        flags_within(
+            flags,
+            ZE_INIT_FLAG_GPU_ONLY | ZE_INIT_FLAG_VPU_ONLY,
+            "zeInit flags",
+        )?;
         if flags == ZE_INIT_FLAG_VPU_ONLY {
             return Err(fail(
                 ZE_RESULT_ERROR_UNINITIALIZED,
@@ -258,12 +265,24 @@ pub unsafe extern "C" fn zeDriverGetIpcProperties(
 /// The extensions this driver implements, with their versions (all 1.0).
 pub const EXTENSIONS: &[(&str, u32)] = &[
     ("ZE_extension_memory_free_policies", ze_make_version(1, 0)),
-    ("ZE_extension_memory_compression_hints", ze_make_version(1, 0)),
-    ("ZE_extension_relaxed_allocation_limits", ze_make_version(1, 0)),
-    ("ZE_experimental_relaxed_allocation_limits", ze_make_version(1, 0)),
+    (
+        "ZE_extension_memory_compression_hints",
+        ze_make_version(1, 0),
+    ),
+    (
+        "ZE_extension_relaxed_allocation_limits",
+        ze_make_version(1, 0),
+    ),
+    (
+        "ZE_experimental_relaxed_allocation_limits",
+        ze_make_version(1, 0),
+    ),
     ("ZE_extension_external_memmap_sysmem", ze_make_version(1, 0)),
     ("ZE_extension_ipc_mem_handle_type", ze_make_version(1, 0)),
-    ("ZE_extension_ipc_phys_mem_handle_range", ze_make_version(1, 0)),
+    (
+        "ZE_extension_ipc_phys_mem_handle_range",
+        ze_make_version(1, 0),
+    ),
 ];
 
 #[no_mangle]
@@ -323,12 +342,12 @@ pub unsafe extern "C" fn zeDriverGetLastErrorDescription(
 pub unsafe extern "C" fn zeDriverGetDefaultContext(hDriver: H) -> H {
     let r = std::panic::catch_unwind(|| -> Option<u64> {
         let s = rt::driver(hDriver).ok()?;
-        let h = s.default_context.get_or_init(|| {
-            match s.runtime.driver().create_context() {
+        let h = s
+            .default_context
+            .get_or_init(|| match s.runtime.driver().create_context() {
                 Ok(c) => rt::insert(Kind::Context, Obj::Context(c), 0),
                 Err(_) => 0,
-            }
-        });
+            });
         Some(*h)
     });
     r.ok().flatten().unwrap_or(0) as H
@@ -338,7 +357,11 @@ pub unsafe extern "C" fn zeDriverGetDefaultContext(hDriver: H) -> H {
 // Device
 
 #[no_mangle]
-pub unsafe extern "C" fn zeDeviceGet(hDriver: H, pCount: *mut u32, phDevices: *mut H) -> ze_result_t {
+pub unsafe extern "C" fn zeDeviceGet(
+    hDriver: H,
+    pCount: *mut u32,
+    phDevices: *mut H,
+) -> ze_result_t {
     guard(|| {
         let s = rt::driver(hDriver)?;
         fill_count(pCount, phDevices, s.devices.len(), |i, o| {
@@ -860,7 +883,9 @@ pub unsafe extern "C" fn zeMemAllocShared(
 #[no_mangle]
 pub unsafe extern "C" fn zeMemFree(hContext: H, ptr: *mut c_void) -> ze_result_t {
     guard(|| {
-        rt::context(hContext)?.free_memory(ptr as usize).map_err(ze)?;
+        rt::context(hContext)?
+            .free_memory(ptr as usize)
+            .map_err(ze)?;
         OK
     })
 }
@@ -1002,7 +1027,10 @@ pub unsafe extern "C" fn zeMemCloseIpcHandle(hContext: H, ptr: *const c_void) ->
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn zeMemPutIpcHandle(hContext: H, handle: ze_ipc_mem_handle_t) -> ze_result_t {
+pub unsafe extern "C" fn zeMemPutIpcHandle(
+    hContext: H,
+    handle: ze_ipc_mem_handle_t,
+) -> ze_result_t {
     guard(|| {
         rt::context(hContext)?
             .put_ipc_handle(&IpcHandle::from_bytes(handle.data))
@@ -1076,9 +1104,15 @@ pub unsafe extern "C" fn zeVirtualMemReserve(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn zeVirtualMemFree(hContext: H, ptr: *const c_void, size: usize) -> ze_result_t {
+pub unsafe extern "C" fn zeVirtualMemFree(
+    hContext: H,
+    ptr: *const c_void,
+    size: usize,
+) -> ze_result_t {
     guard(|| {
-        rt::context(hContext)?.free(ptr as usize, size).map_err(ze)?;
+        rt::context(hContext)?
+            .free(ptr as usize, size)
+            .map_err(ze)?;
         OK
     })
 }
@@ -1190,9 +1224,15 @@ pub unsafe extern "C" fn zeVirtualMemMap(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn zeVirtualMemUnmap(hContext: H, ptr: *const c_void, size: usize) -> ze_result_t {
+pub unsafe extern "C" fn zeVirtualMemUnmap(
+    hContext: H,
+    ptr: *const c_void,
+    size: usize,
+) -> ze_result_t {
     guard(|| {
-        rt::context(hContext)?.unmap(ptr as usize, size).map_err(ze)?;
+        rt::context(hContext)?
+            .unmap(ptr as usize, size)
+            .map_err(ze)?;
         OK
     })
 }
@@ -1207,7 +1247,8 @@ pub unsafe extern "C" fn zeVirtualMemSetAccessAttribute(
     guard(|| {
         let ctx = rt::context(hContext)?;
         let a = access(access_)?;
-        ctx.set_access_attribute(ptr as usize, size, a).map_err(ze)?;
+        ctx.set_access_attribute(ptr as usize, size, a)
+            .map_err(ze)?;
         OK
     })
 }
@@ -1241,7 +1282,10 @@ fn queue_desc(d: &ze_command_queue_desc_t) -> Result<bool, u32> {
     if d.mode > 2 {
         return Err(fail(
             ZE_RESULT_ERROR_INVALID_ENUMERATION,
-            format!("queue mode {} is not DEFAULT, SYNCHRONOUS or ASYNCHRONOUS", d.mode),
+            format!(
+                "queue mode {} is not DEFAULT, SYNCHRONOUS or ASYNCHRONOUS",
+                d.mode
+            ),
         ));
     }
     if d.priority > 2 {
@@ -1281,7 +1325,10 @@ pub unsafe extern "C" fn zeCommandQueueCreate(
             queue: q,
             synchronous,
         }));
-        handle_out(phCommandQueue, rt::insert(Kind::Queue, obj, hContext as u64));
+        handle_out(
+            phCommandQueue,
+            rt::insert(Kind::Queue, obj, hContext as u64),
+        );
         OK
     })
 }
@@ -1329,7 +1376,14 @@ pub unsafe extern "C" fn zeCommandQueueExecuteCommandLists(
 
 #[no_mangle]
 pub unsafe extern "C" fn zeCommandQueueSynchronize(hCommandQueue: H, timeout: u64) -> ze_result_t {
-    guard(|| sync(rt::queue(hCommandQueue)?.queue.synchronize(timeout).map_err(ze)?))
+    guard(|| {
+        sync(
+            rt::queue(hCommandQueue)?
+                .queue
+                .synchronize(timeout)
+                .map_err(ze)?,
+        )
+    })
 }
 
 #[no_mangle]
@@ -1413,8 +1467,18 @@ pub unsafe extern "C" fn zeCommandListReset(hCommandList: H) -> ze_result_t {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn zeCommandListHostSynchronize(hCommandList: H, timeout: u64) -> ze_result_t {
-    guard(|| sync(rt::list(hCommandList)?.list.host_synchronize(timeout).map_err(ze)?))
+pub unsafe extern "C" fn zeCommandListHostSynchronize(
+    hCommandList: H,
+    timeout: u64,
+) -> ze_result_t {
+    guard(|| {
+        sync(
+            rt::list(hCommandList)?
+                .list
+                .host_synchronize(timeout)
+                .map_err(ze)?,
+        )
+    })
 }
 
 /// The signal event and the wait list of an append.
@@ -1642,7 +1706,11 @@ pub unsafe extern "C" fn zeEventPoolCreate(
         };
         handle_out(
             phEventPool,
-            rt::insert(Kind::EventPool, Obj::EventPool(Arc::new(p)), hContext as u64),
+            rt::insert(
+                Kind::EventPool,
+                Obj::EventPool(Arc::new(p)),
+                hContext as u64,
+            ),
         );
         OK
     })
@@ -1675,7 +1743,10 @@ pub unsafe extern "C" fn zeEventCreate(
                 None => {
                     return Err(fail(
                         ZE_RESULT_ERROR_INVALID_ARGUMENT,
-                        format!("event index {} is not below the pool's count {}", d.index, p.count),
+                        format!(
+                            "event index {} is not below the pool's count {}",
+                            d.index, p.count
+                        ),
                     ))
                 }
                 Some(true) => {
@@ -1723,7 +1794,14 @@ pub unsafe extern "C" fn zeEventHostSignal(hEvent: H) -> ze_result_t {
 
 #[no_mangle]
 pub unsafe extern "C" fn zeEventHostSynchronize(hEvent: H, timeout: u64) -> ze_result_t {
-    guard(|| sync(rt::event(hEvent)?.event.host_synchronize(timeout).map_err(ze)?))
+    guard(|| {
+        sync(
+            rt::event(hEvent)?
+                .event
+                .host_synchronize(timeout)
+                .map_err(ze)?,
+        )
+    })
 }
 
 #[no_mangle]
