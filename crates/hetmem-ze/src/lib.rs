@@ -37,9 +37,13 @@
 //!   `ze_ddi.h`. With one driver and no `ZE_ENABLE_LOADER_INTERCEPT`, the loader hands the
 //!   driver's table entries to the application unchanged, so the application calls this
 //!   library directly; handles pass through untouched (with several drivers the loader wraps
-//!   them). This library exports every `ze` getter ([`ddi`]); it exports no `zes` / `zet` /
-//!   `zer` getters (sysman, tools, runtime: the loader treats them as absent and answers those
-//!   calls itself).
+//!   them). This library exports every `ze` getter ([`ddi`]) and every `zes` / `zet`
+//!   getter of the 1.4 and 1.12 headers ([`ddi::TOOL_TABLES`]; every slot answers
+//!   `ZE_RESULT_ERROR_UNSUPPORTED_FEATURE`): found by experiment, loader 1.8.12's `zeInit`
+//!   answers `ZE_RESULT_ERROR_UNINITIALIZED` **without ever calling the driver's `zeInit`**
+//!   when the driver lacks them (its `ze_lib` initialises the sysman and tools tables too and
+//!   gives up when no driver provides them). No `zer` (runtime, 1.14+) getter is exported: the
+//!   newest loader treats it as optional.
 //! - **Versions**: each getter writes only the slots that exist in the asked version's table
 //!   (slots are appended in version order, so that is a prefix; see [`ddi`]), never past it.
 //! - **Init**: `zeInit(flags)` reaches the driver through the Global table's `pfnInit` (the

@@ -71,7 +71,7 @@ enum Op {
     Sync(u8),
     Destroy(u8),
     PoolEvent(u8, u32),
-    EventOp(u8, u8),
+    EventCall(u8, u8),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -104,7 +104,7 @@ fn op() -> impl Strategy<Value = Op> {
         b().prop_map(Op::Sync),
         b().prop_map(Op::Destroy),
         (b(), 0u32..6).prop_map(|(a, c)| Op::PoolEvent(a, c)),
-        (b(), b()).prop_map(|(a, c)| Op::EventOp(a, c)),
+        (b(), b()).prop_map(|(a, c)| Op::EventCall(a, c)),
     ]
 }
 
@@ -452,7 +452,7 @@ unsafe fn run(p: &mut Pools, op: &Op) {
                 p.event.push(out);
             }
         }
-        Op::EventOp(e, k) => {
+        Op::EventCall(e, k) => {
             let eh = pick(&p.event, e, std::ptr::null_mut(), BOGUS as H);
             let r = match k % 4 {
                 0 => zeEventHostSignal(eh),

@@ -148,7 +148,7 @@ unsafe fn load() -> Result<Ze, String> {
         ipc_get: sym(l, "zeMemGetIpcHandle")?,
         ipc_open: sym(l, "zeMemOpenIpcHandle")?,
         ipc_close: sym(l, "zeMemCloseIpcHandle")?,
-        ipc_put: std::mem::transmute::<*mut c_void, _>(put),
+        ipc_put: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(H, IpcHandle) -> u32>(put),
         ctx,
         dev,
     })
