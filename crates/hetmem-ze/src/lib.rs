@@ -54,7 +54,10 @@
 //!   reaches `pfnInitDrivers` of the Global table, first with a null array to count; a loader
 //!   uses it only if the driver's Global table (asked at 1.10 or later) fills that slot.
 //! - **Checked against** the installed Debian bookworm loader 1.8.12 (API 1.4 headers, with
-//!   its validation layer `libze_validation_layer.so.1`), by the C suite of `tests/c/ze/`.
+//!   its validation layer `libze_validation_layer.so.1`), by the C suite of `tests/c/ze/`; the
+//!   layouts and every DDI slot also against Debian trixie's 1.12 headers (`libze-dev` 1.20.6:
+//!   `HETMEM_ZE_EXTRA_HEADERS=<dir>`, 192 slots). Trixie's loader itself needs glibc 2.38 and
+//!   could not run on bookworm; loaders newer than 1.8.12 were read, not run.
 //!
 //! # Handles
 //! Opaque numbers, validated on every call ([`rt`]): a null, unknown, destroyed or wrong-kind
