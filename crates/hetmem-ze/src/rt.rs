@@ -96,11 +96,32 @@ pub struct State {
 
 static STATE: OnceLock<State> = OnceLock::new();
 static INIT_LOCK: Mutex<()> = Mutex::new(());
-static REGISTRY: OnceLock<RwLock<HashMap<u64, Entry>>> = OnceLock::new();
+/// Handles are distinct small numbers: a multiplicative hash is enough (and much cheaper than
+/// SipHash on every call).
+#[derive(Default, Clone, Copy)]
+pub struct HandleHasher(u64);
+
+impl std::hash::Hasher for HandleHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type Registry = HashMap<u64, Entry, std::hash::BuildHasherDefault<HandleHasher>>;
+
+static REGISTRY: OnceLock<RwLock<Registry>> = OnceLock::new();
 static SERIAL: AtomicU64 = AtomicU64::new(1);
 
-fn registry() -> &'static RwLock<HashMap<u64, Entry>> {
-    REGISTRY.get_or_init(|| RwLock::new(HashMap::new()))
+fn registry() -> &'static RwLock<Registry> {
+    REGISTRY.get_or_init(|| RwLock::new(Registry::default()))
 }
 
 /// Result of an entry point's body: `Ok(code)` for a success code (`ZE_RESULT_SUCCESS` or
