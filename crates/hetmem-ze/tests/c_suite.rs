@@ -27,7 +27,10 @@ fn missing() -> Option<String> {
         return Some(format!("{HEADER} is missing (apt-get install libze-dev)"));
     }
     let loader = Command::new("sh")
-        .args(["-c", "PATH=$PATH:/sbin:/usr/sbin ldconfig -p | grep -q 'libze_loader.so '"])
+        .args([
+            "-c",
+            "PATH=$PATH:/sbin:/usr/sbin ldconfig -p | grep -q 'libze_loader.so '",
+        ])
         .status();
     if !matches!(loader, Ok(s) if s.success()) {
         return Some("libze_loader.so is missing (apt-get install libze1 libze-dev)".into());
@@ -223,7 +226,10 @@ fn build_with(name: &str, link: Link, extra: Option<&Path>) -> PathBuf {
 
 fn validation_layer_present() -> bool {
     Command::new("sh")
-        .args(["-c", "PATH=$PATH:/sbin:/usr/sbin ldconfig -p | grep -q libze_validation_layer.so"])
+        .args([
+            "-c",
+            "PATH=$PATH:/sbin:/usr/sbin ldconfig -p | grep -q libze_validation_layer.so",
+        ])
         .status()
         .is_ok_and(|s| s.success())
 }
