@@ -117,7 +117,17 @@ static TABLE: OnceLock<Table> = OnceLock::new();
 /// The layout table for C: `*count` entries at the returned address (never freed).
 #[no_mangle]
 pub unsafe extern "C" fn hetmemZeLayout(count: *mut u32) -> *const HetmemLayoutEntry {
-    let t = TABLE.get_or_init(|| {
+    let Ok(t) = std::panic::catch_unwind(|| TABLE.get_or_init(table)) else {
+        return std::ptr::null();
+    };
+    if !count.is_null() {
+        *count = t.0.len() as u32;
+    }
+    t.0.as_ptr()
+}
+
+fn table() -> Table {
+    {
         Table(
             entries()
                 .into_iter()
@@ -127,11 +137,7 @@ pub unsafe extern "C" fn hetmemZeLayout(count: *mut u32) -> *const HetmemLayoutE
                 })
                 .collect(),
         )
-    });
-    if !count.is_null() {
-        *count = t.0.len() as u32;
     }
-    t.0.as_ptr()
 }
 
 /// Live handles in the registry (leak checks from C).

@@ -367,6 +367,11 @@ fn direct_link_reaches_the_newer_calls() {
 }
 
 #[test]
+fn concurrent_calls_from_many_threads() {
+    loader_suite("threads");
+}
+
+#[test]
 fn leak_check_of_ten_thousand_calls() {
     loader_suite("leak");
 }

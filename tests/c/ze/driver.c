@@ -169,6 +169,17 @@ int main(void) {
     CHECK(zeMemAllocHost(c2, &HOST_DESC, 4096, 0, &p), ZE_RESULT_ERROR_INVALID_NULL_HANDLE);
     EXPECT(p == NULL);
 
+    /* Residency and the system barrier: memory is always resident; arguments are checked */
+    void *hm = NULL;
+    OK(zeMemAllocHost(e.ctx, &HOST_DESC, 4096, 0, &hm));
+    OK(zeContextMakeMemoryResident(e.ctx, e.dev[0], hm, 4096));
+    OK(zeContextEvictMemory(e.ctx, e.dev[0], hm, 4096));
+    CHECK(zeContextMakeMemoryResident(e.ctx, BOGUS(ze_device_handle_t), hm, 4096), ZE_RESULT_ERROR_INVALID_NULL_HANDLE);
+    CHECK(zeContextMakeMemoryResident(e.ctx, e.dev[0], NULL, 4096), ZE_RESULT_ERROR_INVALID_NULL_POINTER);
+    OK(zeContextSystemBarrier(e.ctx, e.dev[1]));
+    CHECK(zeContextSystemBarrier(BOGUS(ze_context_handle_t), e.dev[1]), ZE_RESULT_ERROR_INVALID_NULL_HANDLE);
+    OK(zeMemFree(e.ctx, hm));
+
     /* Functions answered UNSUPPORTED_FEATURE (every slot is filled: no null call) */
     static const uint8_t il[4] = {0x03, 0x02, 0x23, 0x07};
     ze_module_desc_t md = {ZE_STRUCTURE_TYPE_MODULE_DESC, NULL, ZE_MODULE_FORMAT_IL_SPIRV, sizeof il, il, "", NULL};
