@@ -41,8 +41,9 @@
 //!   getter of the 1.4 and 1.12 headers ([`ddi::TOOL_TABLES`]; every slot answers
 //!   `ZE_RESULT_ERROR_UNSUPPORTED_FEATURE`): found by experiment, loader 1.8.12's `zeInit`
 //!   answers `ZE_RESULT_ERROR_UNINITIALIZED` **without ever calling the driver's `zeInit`**
-//!   when the driver lacks them (its `ze_lib` initialises the sysman and tools tables too and
-//!   gives up when no driver provides them). No `zer` (runtime, 1.14+) getter is exported: the
+//!   when the driver lacks them (presumably because its `ze_lib` also initialises the sysman and
+//!   tools tables and gives up when no driver provides them; which of the two it needs was not
+//!   isolated). No `zer` (runtime, 1.14+) getter is exported: the
 //!   newest loader treats it as optional.
 //! - **Versions**: each getter writes only the slots that exist in the asked version's table
 //!   (slots are appended in version order, so that is a prefix; see [`ddi`]), never past it.
@@ -125,6 +126,21 @@
 //!   become invalid), so the context's memory is released.
 //! - `ZE_FENCE_FLAG_SIGNALED` is `ZE_RESULT_ERROR_UNSUPPORTED_ENUMERATION` (hetmem fences start
 //!   unsignalled).
+//! - The IPC handle-type descriptor is taken where the extension defines it (device and host
+//!   allocations, physical memory, get-with-properties); chained on a shared allocation it is
+//!   `ZE_RESULT_ERROR_UNSUPPORTED_ENUMERATION`.
+//! - With the system-memory descriptor, `zeMemAllocHost`'s `size` must equal the descriptor's
+//!   (else `ZE_RESULT_ERROR_INVALID_ARGUMENT`); the alignment is not used (the import keeps the
+//!   address).
+//! - The context of `zeDriverGetDefaultContext` is made on first use and is an ordinary context:
+//!   destroying it makes its handle invalid for good.
+//! - Queue descriptors: one queue group (ordinal 0) of 64 queues, each with its own engine;
+//!   `ZE_COMMAND_QUEUE_MODE_SYNCHRONOUS` (queues and immediate lists) waits for the work before
+//!   returning.
+//! - Under the loader's 1.4 validation layer, what 1.4 did not allow is refused by the layer
+//!   before it reaches this driver: a null start hint of `zeVirtualMemReserve`,
+//!   `ZE_PHYSICAL_MEM_FLAG_ALLOCATE_ON_HOST` and a null device of `zePhysicalMemCreate`, host
+//!   allocation flags past bit 3 (the C suite expects the layer's answers in that pass).
 
 pub mod api;
 pub mod ddi;
