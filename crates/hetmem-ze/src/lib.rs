@@ -41,9 +41,9 @@
 //!   getter of the 1.4 and 1.12 headers ([`ddi::TOOL_TABLES`]; every slot answers
 //!   `ZE_RESULT_ERROR_UNSUPPORTED_FEATURE`): found by experiment, loader 1.8.12's `zeInit`
 //!   answers `ZE_RESULT_ERROR_UNINITIALIZED` **without ever calling the driver's `zeInit`**
-//!   when the driver lacks them (presumably because its `ze_lib` also initialises the sysman and
-//!   tools tables and gives up when no driver provides them; which of the two it needs was not
-//!   isolated). No `zer` (runtime, 1.14+) getter is exported: the
+//!   when the driver lacks them: without the `zes` getters, and (separately) without the `zet`
+//!   getters, `zeInit` fails so (presumably its `ze_lib` also initialises the sysman and tools
+//!   tables and gives up when no driver provides them). No `zer` (runtime, 1.14+) getter is exported: the
 //!   newest loader treats it as optional.
 //! - **Versions**: each getter writes only the slots that exist in the asked version's table
 //!   (slots are appended in version order, so that is a prefix; see [`ddi`]), never past it.
