@@ -62,7 +62,15 @@
 //!
 //! # Handles
 //! Opaque numbers, validated on every call ([`rt`]): a null, unknown, destroyed or wrong-kind
-//! handle is `ZE_RESULT_ERROR_INVALID_NULL_HANDLE`, never a crash. No panic crosses the C ABI
+//! handle is `ZE_RESULT_ERROR_INVALID_NULL_HANDLE`, never a crash. This holds where the loader
+//! passes handles through (one driver, the default). In the loader's intercept mode (several
+//! drivers, or `ZE_ENABLE_LOADER_INTERCEPT=1`) the loader wraps handles in its own objects and
+//! dereferences them itself: a made-up handle then crashes loader 1.8.12 before any driver sees
+//! it (checked: `driver.c` under intercept), and functions obtained with
+//! `zeDriverGetExtensionFunctionAddress` receive the loader's wrapped handles (answered
+//! `INVALID_NULL_HANDLE`; the application must translate them with `zelLoaderTranslateHandle`).
+//! `tests/c/ze/intercept.c` runs the main flows in intercept mode (with translated handles for
+//! the extension functions). No panic crosses the C ABI
 //! (each entry point runs in [`rt::guard`]: `ZE_RESULT_ERROR_UNKNOWN`).
 //!
 //! # Implemented functions

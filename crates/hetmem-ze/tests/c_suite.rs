@@ -235,10 +235,9 @@ fn validation_layer_present() -> bool {
 }
 
 /// Runs a program with the suite's environment; fails the test on a non-zero exit.
-fn run(exe: &Path, validation: bool, args: &[&str]) {
+fn run(exe: &Path, validation: bool, env: &[(&str, &str)]) {
     let mut c = Command::new(exe);
-    c.args(args)
-        .env("ZE_ENABLE_ALT_DRIVERS", driver_lib())
+    c.env("ZE_ENABLE_ALT_DRIVERS", driver_lib())
         .env("HETMEM_BACKEND", "host")
         .env("HETMEM_HOST_DEVICES", "2")
         .env("HETMEM_HOST_DEVICE_MEMORY", "256M")
@@ -246,8 +245,12 @@ fn run(exe: &Path, validation: bool, args: &[&str]) {
         .env_remove("ZE_ENABLE_VALIDATION_LAYER")
         .env_remove("ZE_ENABLE_PARAMETER_VALIDATION")
         .env_remove("HETMEM_ZE_VALIDATION")
+        .env_remove("ZE_ENABLE_LOADER_INTERCEPT")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
     if validation {
         c.env("ZE_ENABLE_VALIDATION_LAYER", "1")
             .env("ZE_ENABLE_PARAMETER_VALIDATION", "1")
@@ -292,13 +295,17 @@ fn run(exe: &Path, validation: bool, args: &[&str]) {
 
 /// Builds a loader-linked program and runs it plainly and under the validation layer.
 fn loader_suite(name: &str) {
+    loader_suite_env(name, &[]);
+}
+
+fn loader_suite_env(name: &str, env: &[(&str, &str)]) {
     if skip_reason().is_some() {
         return;
     }
     let exe = build(name, Link::Loader);
-    run(&exe, false, &[]);
+    run(&exe, false, env);
     if validation_layer_present() {
-        run(&exe, true, &[]);
+        run(&exe, true, env);
     } else {
         eprintln!(
             "\n*** NO VALIDATION LAYER: libze_validation_layer.so is not installed; {name} ran \
@@ -369,6 +376,11 @@ fn direct_link_reaches_the_newer_calls() {
 #[test]
 fn concurrent_calls_from_many_threads() {
     loader_suite("threads");
+}
+
+#[test]
+fn loader_intercept_mode_translates_handles() {
+    loader_suite_env("intercept", &[("ZE_ENABLE_LOADER_INTERCEPT", "1")]);
 }
 
 #[test]
