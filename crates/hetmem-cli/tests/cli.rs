@@ -136,5 +136,67 @@ fn bench_unknown_group_fails_listing_every_group() {
         .trim();
     let mut groups: Vec<&str> = listed.split(", ").collect();
     groups.sort_unstable();
-    assert_eq!(groups, ["ipc", "managed", "usm", "vmm"], "{err}");
+    assert_eq!(groups, ["ipc", "managed", "usm", "vmm", "ze"], "{err}");
+}
+
+#[test]
+fn bench_ze_json_has_a_finite_ratio_and_added_ns_per_operation() {
+    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_hetmem"));
+    let dir = exe.parent().unwrap();
+    let have_lib =
+        dir.join("libze_hetmem.so").exists() || dir.join("deps/libze_hetmem.so").exists();
+    let have_loader = std::process::Command::new("sh")
+        .args([
+            "-c",
+            "PATH=$PATH:/sbin:/usr/sbin ldconfig -p | grep -q 'libze_loader.so.1 '",
+        ])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !have_lib || !have_loader {
+        eprintln!(
+            "\n*** SKIP bench ze: {} ***\n",
+            if have_lib {
+                "libze_loader.so.1 is not installed"
+            } else {
+                "libze_hetmem.so is not built"
+            }
+        );
+        return;
+    }
+    let json = std::env::temp_dir().join(format!("hetmem-bench-ze-{}.json", std::process::id()));
+    let (o, out, err) = hetmem(
+        &[
+            "bench",
+            "ze",
+            "--iters",
+            "16",
+            "--rounds",
+            "1",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{out}\n{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).ok();
+    for k in [
+        "map_unmap_2mib",
+        "set_access_2mib",
+        "get_access",
+        "alloc_free_64kib",
+        "ipc_64kib",
+    ] {
+        let r = v[format!("{k}_ratio")]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no {k}_ratio in {v}"));
+        assert!(r.is_finite() && r > 0.0, "{k}_ratio = {r}");
+        assert!(
+            v[format!("{k}_added_ns")]
+                .as_f64()
+                .is_some_and(f64::is_finite),
+            "{k}_added_ns"
+        );
+    }
 }

@@ -481,6 +481,86 @@ impl Context {
         Ok(())
     }
 
+    /// `zeMemGetIpcHandleFromFileDescriptorExp`: the IPC handle for the memory behind `fd`, a
+    /// file descriptor of this process (as `zeMemGetFileDescriptorFromIpcHandleExp` gave it, or
+    /// as received from another process with `SCM_RIGHTS`).
+    ///
+    /// If `fd` is the shareable handle of a live export of this context (same identity as the
+    /// export's first handle), the handle is that export's, with `fd` in bytes 0..4. Otherwise
+    /// the handle describes the memory behind `fd` alone: kind allocation, memory type device,
+    /// no exporter (pid 0, so opening it never contacts a broker), view size the memory's size;
+    /// opening it maps `fd` through the fd transport (see the module docs), which checks it
+    /// again.
+    ///
+    /// Errors: `InvalidArgument` for a negative fd, an fd that is not open, not a shareable
+    /// handle this backend imports (on the host: a memfd sealed against grow and shrink), or
+    /// empty. Nothing changes (no fd is kept or closed).
+    pub fn ipc_handle_from_fd(&self, fd: i32) -> Result<IpcHandle> {
+        if fd < 0 {
+            return Err(Error::InvalidArgument(format!(
+                "file descriptor {fd} is negative"
+            )));
+        }
+        let backend = self.driver_shared().backend.as_ref();
+        // SAFETY: only inspected (identity, checks); a number that is not open fails.
+        let b = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let id = backend
+            .shareable_identity(b)
+            .ok_or_else(|| Error::InvalidArgument(format!("file descriptor {fd} is not open")))?;
+        check_received_fd(backend, b, 1)?;
+        let dev32 = u32::try_from(id.dev).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "st_dev {:#x} of fd {fd} does not fit 32 bits",
+                id.dev
+            ))
+        })?;
+        {
+            let ex = EXPORTS.lock();
+            for (&eid, rec) in ex.iter() {
+                if rec.kind == IpcHandleKind::Range || rec.context != self.id() {
+                    continue;
+                }
+                let first = rec.fds.first().expect("an export has an fd");
+                let same = backend
+                    .shareable_identity(std::os::fd::AsFd::as_fd(first))
+                    .is_some_and(|f| f.dev == id.dev && f.ino == id.ino);
+                if same {
+                    let nonce = start_broker(backend)?;
+                    return Ok(encode(
+                        fd,
+                        &Decoded {
+                            kind: rec.kind,
+                            mem: rec.mem,
+                            pid: own_pid(),
+                            nonce,
+                            id: eid,
+                            token: rec.token,
+                            size: rec.size,
+                            ino: id.ino,
+                            dev: dev32,
+                            pieces: 1,
+                        },
+                    ));
+                }
+            }
+        }
+        Ok(encode(
+            fd,
+            &Decoded {
+                kind: IpcHandleKind::Allocation,
+                mem: MemoryType::Device,
+                pid: 0,
+                nonce: 0,
+                id: 0,
+                token: [0; 16],
+                size: id.size,
+                ino: id.ino,
+                dev: dev32,
+                pieces: 1,
+            },
+        ))
+    }
+
     /// `zeMemAllocDevice` with `ze_ipc_mem_handle_type_ext_desc_t` chained: the same as
     /// [`Context::alloc_device`] with [`AllocDesc::ipc_types`] set, recording the handle types
     /// the memory must support.

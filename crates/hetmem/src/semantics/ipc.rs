@@ -330,6 +330,8 @@ pub(crate) struct Piece {
 pub(crate) struct ExportRec {
     pub(crate) token: [u8; 16],
     pub(crate) kind: IpcHandleKind,
+    /// The memory type the handle reports (byte 10).
+    pub(crate) mem: MemoryType,
     pub(crate) context: u64,
     /// The exporting driver (`Arc::as_ptr` of its shared state; its contexts keep it alive
     /// while the export lives).
@@ -534,6 +536,7 @@ pub(crate) fn register(
         ExportRec {
             token,
             kind,
+            mem,
             context,
             driver,
             size: size as u64,
