@@ -192,6 +192,9 @@ struct PhysicalRec {
     /// IPC handle types chained at creation (`ze_ipc_mem_handle_type_ext_desc_t`), if any;
     /// set by [`crate::ipc`] and gone with the record.
     ipc_types: Option<crate::ipc::IpcHandleTypes>,
+    /// Imported from another export ([`VmState::insert_imported`]): charged to no capacity
+    /// (the exporter's object is).
+    imported: bool,
 }
 
 /// Per-device figures of the semantics layer.
@@ -490,9 +493,36 @@ impl VmState {
                 context,
                 mapped: 0,
                 ipc_types: None,
+                imported: false,
             },
         );
         Ok(PhysicalMemory { id, size })
+    }
+
+    /// Records `raw`, imported from an IPC export of a physical object (of this or another
+    /// process), as a physical object of `context`: mappable and destroyable like any other,
+    /// charged to no capacity (the exporter's object is).
+    pub(crate) fn insert_imported(
+        &mut self,
+        raw: RawPhysical,
+        context: u64,
+        location: PhysicalLocation,
+        size: usize,
+    ) -> PhysicalMemory {
+        let id = self.devmem.next_id();
+        self.physical.insert(
+            id,
+            PhysicalRec {
+                raw,
+                size,
+                location,
+                context,
+                mapped: 0,
+                ipc_types: None,
+                imported: true,
+            },
+        );
+        PhysicalMemory { id, size }
     }
 
     fn physical_of(&self, context: u64, id: u64) -> Result<&PhysicalRec> {
@@ -520,6 +550,7 @@ impl VmState {
         }
         let p = self.physical.remove(&id).expect("checked");
         match p.location {
+            _ if p.imported => {}
             PhysicalLocation::Device(d) => self.devmem.give_back(d as usize, p.size as u64),
             PhysicalLocation::Host => self.host_used -= p.size as u64,
         }
