@@ -1,0 +1,18 @@
+//! The C test programs of `tests/c/acl/`, compiled against `crates/hetmem-acl/include` and
+//! linked with `-lascendcl`, each run as its own process (see `common`).
+
+mod common;
+
+/// Header test: struct sizes and offsets, enum values, error codes against the published
+/// header's numbers.
+#[test]
+fn c_header_layout_matches_the_published_acl_headers() {
+    let out = common::run_ok("header_layout");
+    assert!(out.contains("header layout ok"), "{out}");
+}
+
+/// The managed-memory cases of `cases/managed.md`, in C.
+#[test]
+fn c_managed_cases_of_the_cases_file() {
+    common::run_managed("managed_cases");
+}
