@@ -16,3 +16,11 @@ fn c_header_layout_matches_the_published_acl_headers() {
 fn c_managed_cases_of_the_cases_file() {
     common::run_managed("managed_cases");
 }
+
+/// Set-up calls, per-thread current device and context, error codes and messages, stale and
+/// foreign handles, no sticky error.
+#[test]
+fn c_setup_contexts_errors_and_handles() {
+    let out = common::run_ok("setup_errors");
+    assert!(out.contains("setup and errors ok"), "{out}");
+}
