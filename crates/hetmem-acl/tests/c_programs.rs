@@ -24,3 +24,11 @@ fn c_setup_contexts_errors_and_handles() {
     let out = common::run_ok("setup_errors");
     assert!(out.contains("setup and errors ok"), "{out}");
 }
+
+/// Memory calls (every `aclrtMemMallocPolicy`, every `aclrtMemcpyKind`, each error), streams and
+/// events ordering work across streams.
+#[test]
+fn c_memory_streams_and_events() {
+    let out = common::run_ok("memory_streams");
+    assert!(out.contains("memory and streams ok"), "{out}");
+}
