@@ -32,3 +32,10 @@ fn c_memory_streams_and_events() {
     let out = common::run_ok("memory_streams");
     assert!(out.contains("memory and streams ok"), "{out}");
 }
+
+/// The eight range attributes over mixed ranges, every `dataSize` rule, `GetAttrs`, advice and
+/// prefetch argument errors.
+#[test]
+fn c_managed_range_attributes_over_mixed_ranges() {
+    common::run_managed("managed_attrs");
+}
