@@ -39,3 +39,12 @@ fn c_memory_streams_and_events() {
 fn c_managed_range_attributes_over_mixed_ranges() {
     common::run_managed("managed_attrs");
 }
+
+/// ACL virtual memory across real processes: reserve, map, export to a second process (and a
+/// process not on the pid list, refused), sleep (unmap, free physical) and wake (re-create,
+/// re-map at the same address), and every argument error of the virtual-memory calls.
+#[test]
+fn c_vmm_export_sleep_and_wake_across_processes() {
+    let out = common::run_ok("vmm_sleep_wake");
+    assert!(out.contains("vmm sleep and wake across processes ok"), "{out}");
+}
