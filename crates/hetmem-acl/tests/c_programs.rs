@@ -48,3 +48,18 @@ fn c_vmm_export_sleep_and_wake_across_processes() {
     let out = common::run_ok("vmm_sleep_wake");
     assert!(out.contains("vmm sleep and wake across processes ok"), "{out}");
 }
+
+/// Without userfaultfd (a seccomp filter refuses it), managed calls answer 207000 saying why
+/// and streams, events and device memory keep working.
+#[test]
+fn c_without_userfaultfd_managed_is_unsupported_and_the_rest_works() {
+    let out = common::run_ok("managed_unsupported");
+    assert!(out.contains("managed unsupported ok"), "{out}");
+}
+
+/// Managed memory used with streams, device memory, virtual memory and several threads: data
+/// stays right through faults, stream copies, fills and prefetches.
+#[test]
+fn c_managed_memory_with_streams_threads_and_virtual_memory() {
+    common::run_managed("managed_streams");
+}
