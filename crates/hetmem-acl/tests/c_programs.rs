@@ -46,7 +46,10 @@ fn c_managed_range_attributes_over_mixed_ranges() {
 #[test]
 fn c_vmm_export_sleep_and_wake_across_processes() {
     let out = common::run_ok("vmm_sleep_wake");
-    assert!(out.contains("vmm sleep and wake across processes ok"), "{out}");
+    assert!(
+        out.contains("vmm sleep and wake across processes ok"),
+        "{out}"
+    );
 }
 
 /// Without userfaultfd (a seccomp filter refuses it), managed calls answer 207000 saying why
