@@ -72,7 +72,7 @@ pub extern "C" fn aclFinalize() -> AclError {
         })?;
         let reg = std::mem::take(&mut *g.reg.lock());
         teardown(reg);
-        state::set_current(0);
+        state::set_current(None);
         Ok(())
     })
 }
@@ -80,6 +80,9 @@ pub extern "C" fn aclFinalize() -> AclError {
 /// Releases what a registry holds, outside any lock: streams first (their work finishes),
 /// exports, then reservations, physical handles and contexts.
 pub(crate) fn teardown(mut reg: Registry) {
+    for c in reg.contexts.values() {
+        c.alive.store(false, std::sync::atomic::Ordering::Release);
+    }
     for (_, s) in reg.streams.drain() {
         let _ = s.synchronize();
     }
@@ -158,6 +161,7 @@ fn new_ctx(g: &Global, dev: hetmem::Device, default: bool) -> Res<Arc<Ctx>> {
         ctx,
         default,
         default_stream: Mutex::new(None),
+        alive: std::sync::atomic::AtomicBool::new(true),
     }))
 }
 
@@ -173,21 +177,22 @@ pub extern "C" fn aclrtSetDevice(device_id: i32) -> AclError {
         let dev = g.device(device_id as i64)?;
         let ord = dev.ordinal();
         let mut reg = g.reg.lock();
-        let h = match reg.defaults.get_mut(&ord) {
+        let c = match reg.defaults.get_mut(&ord) {
             Some((h, n)) => {
                 *n += 1;
-                *h
+                let h = *h;
+                reg.contexts[&h].clone()
             }
             None => {
                 let c = new_ctx(&g, dev, true)?;
                 let h = c.handle;
-                reg.contexts.insert(h, c);
+                reg.contexts.insert(h, c.clone());
                 reg.defaults.insert(ord, (h, 1));
-                h
+                c
             }
         };
         drop(reg);
-        state::set_current(h);
+        state::set_current(Some(&c));
         Ok(())
     })
 }
@@ -221,7 +226,7 @@ pub extern "C" fn aclrtResetDevice(device_id: i32) -> AclError {
         let removed = remove_context(&mut reg, h);
         drop(reg);
         if state::current_handle() == h {
-            state::set_current(0);
+            state::set_current(None);
         }
         teardown(removed);
         Ok(())
@@ -309,8 +314,8 @@ pub unsafe extern "C" fn aclrtCreateContext(
         let dev = g.device(device_id as i64)?;
         let c = new_ctx(&g, dev, false)?;
         let h = c.handle;
-        g.reg.lock().contexts.insert(h, c);
-        state::set_current(h);
+        g.reg.lock().contexts.insert(h, c.clone());
+        state::set_current(Some(&c));
         // SAFETY: non-null out-pointer.
         unsafe { out(context, h as *mut libc::c_void) };
         Ok(())
@@ -337,7 +342,7 @@ pub extern "C" fn aclrtDestroyContext(context: *mut libc::c_void) -> AclError {
         }
         let removed = remove_context(&mut g.reg.lock(), h);
         if state::current_handle() == h {
-            state::set_current(0);
+            state::set_current(None);
         }
         teardown(removed);
         Ok(())
@@ -354,7 +359,7 @@ pub extern "C" fn aclrtSetCurrentContext(context: *mut libc::c_void) -> AclError
     entry("aclrtSetCurrentContext", || {
         let g = global()?;
         let c = g.context(context as usize)?;
-        state::set_current(c.handle);
+        state::set_current(Some(&c));
         Ok(())
     })
 }

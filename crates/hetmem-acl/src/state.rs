@@ -8,16 +8,45 @@
 //! blocking call (a stream synchronize waiting for an event another thread records) never holds
 //! up other threads.
 
-use std::cell::Cell;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
 use crate::stream::{AclEvent, AclStream};
 use crate::vmm::Phys;
 use crate::{Fail, Res, ACL_ERROR_RT_CONTEXT_NULL, ACL_ERROR_UNINITIALIZE};
+
+/// A fast hasher for handle keys (unique integers, not attacker-chosen hash-flooding input):
+/// one multiply per word (the Fx hash).
+#[derive(Default, Clone, Copy)]
+pub struct HandleHasher(u64);
+
+impl Hasher for HandleHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(v as u64)
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64)
+    }
+}
+
+/// A map keyed by handles.
+pub type HashMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<HandleHasher>>;
 
 /// An ACL context (`aclrtContext`): a hetmem context on one device.
 #[derive(Debug)]
@@ -33,6 +62,9 @@ pub struct Ctx {
     pub default: bool,
     /// The default stream (`stream == NULL`), made on first use.
     pub default_stream: Mutex<Option<Arc<AclStream>>>,
+    /// Cleared when the context is destroyed (its device reset, `aclrtDestroyContext`,
+    /// `aclFinalize`): threads holding it as current see that at once.
+    pub alive: AtomicBool,
 }
 
 /// A reservation made by `aclrtReserveMemAddress`.
@@ -59,8 +91,8 @@ pub struct Registry {
     pub phys: HashMap<usize, Arc<Phys>>,
     /// Reservations by base address.
     pub reservations: BTreeMap<usize, Reserved>,
-    /// Mappings made by `aclrtMapMem`: start -> (size, physical handle).
-    pub mappings: BTreeMap<usize, (usize, usize)>,
+    /// Mappings made by `aclrtMapMem`: start -> (size, the context of the physical memory).
+    pub mappings: BTreeMap<usize, (usize, Arc<Ctx>)>,
     /// Shareable handles exported by this process -> physical handle.
     pub shareable: HashMap<u64, usize>,
 }
@@ -110,18 +142,24 @@ pub fn take() -> Option<Arc<Global>> {
 }
 
 thread_local! {
-    /// The calling thread's current context handle (0: none).
-    static CURRENT: Cell<usize> = const { Cell::new(0) };
+    /// The calling thread's current context: its handle (0: none) and a weak reference (which
+    /// keeps nothing alive: a destroyed context's memory goes at once).
+    static CURRENT: RefCell<(usize, Weak<Ctx>)> = const { RefCell::new((0, Weak::new())) };
 }
 
-/// Sets the calling thread's current context (0 clears it).
-pub fn set_current(handle: usize) {
-    CURRENT.with(|c| c.set(handle));
+/// Sets the calling thread's current context (`None` clears it).
+pub fn set_current(c: Option<&Arc<Ctx>>) {
+    CURRENT.with(|cur| {
+        *cur.borrow_mut() = match c {
+            Some(c) => (c.handle, Arc::downgrade(c)),
+            None => (0, Weak::new()),
+        }
+    });
 }
 
 /// The calling thread's current context handle (0: none).
 pub fn current_handle() -> usize {
-    CURRENT.with(|c| c.get())
+    CURRENT.with(|c| c.borrow().0)
 }
 
 impl Global {
@@ -147,22 +185,26 @@ impl Global {
     /// Errors: `ACL_ERROR_RT_CONTEXT_NULL` (107002) if there is none or it was destroyed (its
     /// device reset).
     pub fn current(&self) -> Res<Arc<Ctx>> {
-        let h = current_handle();
-        self.reg.lock().contexts.get(&h).cloned().ok_or_else(|| {
-            Fail::new(
-                ACL_ERROR_RT_CONTEXT_NULL,
-                if h == 0 {
-                    "the calling thread has no current context: call aclrtSetDevice, \
+        let (h, c) = CURRENT.with(|c| {
+            let c = c.borrow();
+            (c.0, c.1.upgrade())
+        });
+        c.filter(|c| c.alive.load(Ordering::Acquire))
+            .ok_or_else(|| {
+                Fail::new(
+                    ACL_ERROR_RT_CONTEXT_NULL,
+                    if h == 0 {
+                        "the calling thread has no current context: call aclrtSetDevice, \
                      aclrtCreateContext or aclrtSetCurrentContext first"
-                        .to_string()
-                } else {
-                    format!(
+                            .to_string()
+                    } else {
+                        format!(
                         "the calling thread's current context {h:#x} was destroyed (its device \
                          reset or the context destroyed)"
                     )
-                },
-            )
-        })
+                    },
+                )
+            })
     }
 
     /// The context `h`.

@@ -435,12 +435,19 @@ pub extern "C" fn aclrtMapMem(
                 hetmem::Error::InvalidEnumeration(format!("flags {flags:#x} must be 0")).into(),
             );
         }
-        let p = g.phys(handle as usize)?;
         let va = vir_ptr as usize;
+        // One hold of the registry: map never waits for device work, so holding it is short.
+        let mut reg = g.reg.lock();
+        let h = handle as usize;
+        let p = reg
+            .phys
+            .get(&h)
+            .ok_or_else(|| state::bad_handle("physical memory handle", h))?;
         p.ctx
             .ctx
             .map(va, size, p.mem, offset, hetmem::AccessAttribute::ReadWrite)?;
-        g.reg.lock().mappings.insert(va, (size, p.handle));
+        let ctx = p.ctx.clone();
+        reg.mappings.insert(va, (size, ctx));
         Ok(())
     })
 }
@@ -459,14 +466,17 @@ pub extern "C" fn aclrtUnmapMem(vir_ptr: *mut libc::c_void) -> AclError {
         if va == 0 {
             return Err(null("virPtr"));
         }
-        let (size, h) = g.reg.lock().mappings.get(&va).copied().ok_or_else(|| {
+        // Taken out first (one hold of the registry), put back if the unmap is refused; the
+        // unmap itself may wait for device work, so it runs with the registry released.
+        let (size, ctx) = g.reg.lock().mappings.remove(&va).ok_or_else(|| {
             Fail::from(hetmem::Error::InvalidArgument(format!(
                 "{va:#x} is not an address aclrtMapMem mapped"
             )))
         })?;
-        let p = g.phys(h)?;
-        p.ctx.ctx.unmap(va, size)?;
-        g.reg.lock().mappings.remove(&va);
+        if let Err(e) = ctx.ctx.unmap(va, size) {
+            g.reg.lock().mappings.insert(va, (size, ctx));
+            return Err(e.into());
+        }
         Ok(())
     })
 }

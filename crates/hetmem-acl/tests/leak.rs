@@ -128,7 +128,7 @@ unsafe fn round(i: usize, managed: bool) -> usize {
         "malloc physical",
     );
     call(vmm::aclrtMapMem(va, 2 * MIB, 0, ph, 0), "map");
-    if i % 10 == 0 {
+    if i.is_multiple_of(10) {
         let mut sh = 0u64;
         call(
             vmm::aclrtMemExportToShareableHandle(ph, 0, 1, &mut sh),

@@ -153,5 +153,5 @@ fn bench_unknown_group_fails_listing_every_group() {
         .trim();
     let mut groups: Vec<&str> = listed.split(", ").collect();
     groups.sort_unstable();
-    assert_eq!(groups, ["ipc", "managed", "usm", "vmm"], "{err}");
+    assert_eq!(groups, ["acl", "ipc", "managed", "usm", "vmm"], "{err}");
 }
