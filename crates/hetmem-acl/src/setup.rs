@@ -198,8 +198,8 @@ pub extern "C" fn aclrtSetDevice(device_id: i32) -> AclError {
 }
 
 /// `aclrtResetDevice`: undoes one `aclrtSetDevice(deviceId)`; the last one releases the
-/// device's default context and everything made in it (its streams, memory, reservations,
-/// physical handles), after its streams' work has finished. Threads whose current context it
+/// device's default context and everything made in it (its streams, events, memory,
+/// reservations, physical handles), after its streams' work has finished. Threads whose current context it
 /// was have none afterwards (`ACL_ERROR_RT_CONTEXT_NULL`).
 ///
 /// Errors: `ACL_ERROR_RT_PARAM_INVALID` (107000) for an id that is not a device, or a device
@@ -248,6 +248,15 @@ fn remove_context(reg: &mut Registry, h: usize) -> Registry {
     for k in streams {
         out.streams
             .insert(k, reg.streams.remove(&k).expect("listed"));
+    }
+    let events: Vec<usize> = reg
+        .events
+        .iter()
+        .filter(|(_, e)| e.ctx.handle == h)
+        .map(|(&k, _)| k)
+        .collect();
+    for k in events {
+        out.events.insert(k, reg.events.remove(&k).expect("listed"));
     }
     let phys: Vec<usize> = reg
         .phys
@@ -323,7 +332,7 @@ pub unsafe extern "C" fn aclrtCreateContext(
 }
 
 /// `aclrtDestroyContext`: releases a context made by `aclrtCreateContext` and everything made
-/// in it (after its streams' work). Threads whose current context it was have none afterwards.
+/// in it (streams, events, memory, reservations, physical handles; after its streams' work). Threads whose current context it was have none afterwards.
 ///
 /// Errors: `ACL_ERROR_RT_PARAM_INVALID` (107000) for a handle that is not a live context, or a
 /// device's default context (released by `aclrtResetDevice`).

@@ -98,6 +98,9 @@ int main(void) {
     OK(aclrtMalloc(&p, 1 * MIB, ACL_MEM_MALLOC_HUGE_FIRST));
     aclrtStream s = NULL;
     OK(aclrtCreateStream(&s));
+    aclrtEvent ce = NULL;
+    OK(aclrtCreateEvent(&ce));
+    OK(aclrtRecordEvent(ce, s));
     size_t free_before = 0, total = 0, free_after = 0;
     OK(aclrtGetMemInfo(ACL_HBM_MEM, &free_before, &total));
     CHECK_EQ(total, 256 * MIB);
@@ -109,6 +112,7 @@ int main(void) {
     EXPECT_CODE(aclrtDestroyContext(c1), ACL_ERROR_RT_PARAM_INVALID);
     EXPECT_CODE(aclrtSynchronizeStream(s), ACL_ERROR_RT_PARAM_INVALID);
     EXPECT_CODE(aclrtDestroyStream(s), ACL_ERROR_RT_PARAM_INVALID);
+    EXPECT_CODE(aclrtDestroyEvent(ce), ACL_ERROR_RT_PARAM_INVALID); /* went with its context */
     OK(aclrtSetDevice(1));
     OK(aclrtGetMemInfo(ACL_DDR_MEM, &free_after, &total));
     CHECK_EQ(free_after, total); /* device 1's capacity came back */
