@@ -236,14 +236,12 @@ impl HostManaged {
                 Ok(()) => {}
                 // Interrupted part-way: continue after `mapped`.
                 Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => {
-                    return Err(os_error(
-                        &format!(
+                Err(e) => return Err(os_error(
+                    &format!(
                         "ioctl(UFFDIO_CONTINUE) of {len:#x} bytes at {addr:#x} (after {done:#x})"
                     ),
-                        e,
-                    ))
-                }
+                    e,
+                )),
             }
         }
         Ok(())
