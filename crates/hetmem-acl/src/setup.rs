@@ -278,7 +278,12 @@ fn remove_context(reg: &mut Registry, h: usize) -> Registry {
     for b in res {
         let r = reg.reservations.remove(&b).expect("listed");
         let end = b + r.r.size;
-        let maps: Vec<usize> = reg.mappings.range(b..end).map(|(&k, _)| k).collect();
+        let maps: Vec<usize> = reg
+            .mappings
+            .keys()
+            .copied()
+            .filter(|k| (b..end).contains(k))
+            .collect();
         for m in maps {
             reg.mappings.remove(&m);
         }

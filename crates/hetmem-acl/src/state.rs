@@ -92,7 +92,7 @@ pub struct Registry {
     /// Reservations by base address.
     pub reservations: BTreeMap<usize, Reserved>,
     /// Mappings made by `aclrtMapMem`: start -> (size, the context of the physical memory).
-    pub mappings: BTreeMap<usize, (usize, Arc<Ctx>)>,
+    pub mappings: HashMap<usize, (usize, Arc<Ctx>)>,
     /// Shareable handles exported by this process -> physical handle.
     pub shareable: HashMap<u64, usize>,
 }

@@ -308,8 +308,9 @@ pub extern "C" fn aclrtReleaseMemAddress(vir_ptr: *mut libc::c_void) -> AclError
         };
         let maps: Vec<usize> = reg
             .mappings
-            .range(p..p + r.r.size)
-            .map(|(&k, _)| k)
+            .keys()
+            .copied()
+            .filter(|k| (p..p + r.r.size).contains(k))
             .collect();
         drop(reg);
         if let Err(e) = r.ctx.ctx.free(r.r.base, r.r.size) {
