@@ -66,3 +66,80 @@ fn c_without_userfaultfd_managed_is_unsupported_and_the_rest_works() {
 fn c_managed_memory_with_streams_threads_and_virtual_memory() {
     common::run_managed("managed_streams");
 }
+
+/// The headers declare exactly what the library exports: every `acl*` function of
+/// `include/acl/*.h` is a dynamic symbol of `libascendcl.so`, and the library exports nothing
+/// else.
+#[test]
+fn headers_declare_exactly_the_exported_symbols() {
+    let lib = common::lib_dir().join("libascendcl.so");
+    let out = std::process::Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&lib)
+        .output()
+        .expect("running nm (binutils, installed with gcc)");
+    assert!(out.status.success(), "nm failed on {lib:?}");
+    let mut exported: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2).map(str::to_string))
+        .collect();
+    exported.sort();
+    let mut declared: Vec<String> = Vec::new();
+    for h in ["acl.h", "acl_base.h", "acl_rt.h"] {
+        let text =
+            std::fs::read_to_string(common::root().join("crates/hetmem-acl/include/acl").join(h))
+                .unwrap();
+        for line in text.lines().filter(|l| l.contains("ACL_FUNC_VISIBILITY")) {
+            if let Some(name) = line
+                .split('(')
+                .next()
+                .and_then(|head| head.split_whitespace().last())
+            {
+                if name.starts_with("acl") || name.starts_with("*acl") {
+                    declared.push(name.trim_start_matches('*').to_string());
+                }
+            }
+        }
+    }
+    declared.sort();
+    assert_eq!(declared.len(), 49, "{declared:?}");
+    assert_eq!(exported, declared);
+}
+
+/// `HETMEM_BACKEND` and the host-device variables choose the backend, the device count and
+/// each device's memory; a bad value makes `aclInit` fail naming it, and changes nothing.
+#[test]
+fn c_environment_chooses_backend_devices_and_capacity() {
+    let out = common::passed(
+        "env_config",
+        common::run_env(
+            "env_config",
+            &[],
+            &[
+                ("HETMEM_HOST_DEVICES", "3"),
+                ("HETMEM_HOST_DEVICE_MEMORY", "96M"),
+            ],
+        ),
+    );
+    assert!(out.contains("init 0"), "{out}");
+    assert!(out.contains("devices 3"), "{out}");
+    for d in 0..3 {
+        assert!(
+            out.contains(&format!("device {d} total {}", 96 << 20)),
+            "{out}"
+        );
+    }
+    let out = common::passed(
+        "env_config",
+        common::run_env("env_config", &[], &[("HETMEM_HOST_DEVICES", "many")]),
+    );
+    assert!(
+        out.contains("init 107000") && out.contains("HETMEM_HOST_DEVICES"),
+        "{out}"
+    );
+    let out = common::passed(
+        "env_config",
+        common::run_env("env_config", &[], &[("HETMEM_BACKEND", "cuda")]),
+    );
+    assert!(out.contains("init 207000") && out.contains("cuda"), "{out}");
+}

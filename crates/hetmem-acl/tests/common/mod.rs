@@ -97,15 +97,31 @@ pub enum Outcome {
 /// Builds and runs `name` with `args`, two host devices of 256 MiB each; panics with its
 /// output on failure.
 pub fn run(name: &str, args: &[&str]) -> Outcome {
+    run_env(
+        name,
+        args,
+        &[
+            ("HETMEM_BACKEND", "host"),
+            ("HETMEM_HOST_DEVICES", "2"),
+            ("HETMEM_HOST_DEVICE_MEMORY", "256M"),
+        ],
+    )
+}
+
+/// As [`run`], with exactly the `HETMEM_*` variables of `env`.
+pub fn run_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Outcome {
     let exe = build(name, &[]);
-    let out = Command::new(&exe)
-        .args(args)
-        .env("HETMEM_BACKEND", "host")
-        .env("HETMEM_HOST_DEVICES", "2")
-        .env("HETMEM_HOST_DEVICE_MEMORY", "256M")
-        .env_remove("HETMEM_HOST_MAX_ALLOC")
-        .output()
-        .expect("running the C program");
+    let mut cmd = Command::new(&exe);
+    cmd.args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("HETMEM_") {
+            cmd.env_remove(k);
+        }
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("running the C program");
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     match out.status.code() {
@@ -128,7 +144,12 @@ pub fn run(name: &str, args: &[&str]) -> Outcome {
 
 /// Runs `name` and requires it to pass (not skip); returns its stdout.
 pub fn run_ok(name: &str) -> String {
-    match run(name, &[]) {
+    passed(name, run(name, &[]))
+}
+
+/// The stdout of a program that must have passed.
+pub fn passed(name: &str, o: Outcome) -> String {
+    match o {
         Outcome::Passed(s) => s,
         Outcome::Skipped(why) => panic!("{name} skipped where it must run: {why}"),
     }
