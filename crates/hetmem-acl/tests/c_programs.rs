@@ -143,3 +143,12 @@ fn c_environment_chooses_backend_devices_and_capacity() {
     );
     assert!(out.contains("init 207000") && out.contains("cuda"), "{out}");
 }
+
+/// Eight threads at once: per-thread devices, streams, events recorded by one thread ordering
+/// another's stream, managed and virtual memory churn, and a context destroyed under a thread
+/// (its later calls fail cleanly, its memory goes).
+#[test]
+fn c_threads_share_events_and_contexts_safely() {
+    let out = common::run_ok("threads");
+    assert!(out.contains("threads ok"), "{out}");
+}
