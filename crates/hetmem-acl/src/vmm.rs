@@ -17,9 +17,13 @@
 //! same user read it; `/tmp` where `/dev/shm` is missing), and the `uint64_t` is `pid << 32 |
 //! n`. The importer reads the file and opens the handle through hetmem's IPC transport (the
 //! exporter's broker checks the token). The file goes with `aclrtFreePhysical` of the exported
-//! handle, `aclrtResetDevice` / `aclrtDestroyContext` of its context and `aclFinalize`.
-//! Unless exported with `ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION`, only the exporter
-//! and the processes `aclrtMemSetPidToShareableHandle` names may import.
+//! handle, `aclrtResetDevice` / `aclrtDestroyContext` of its context, `aclFinalize`, and at the
+//! exporter's exit (`atexit`; a process killed by a signal leaves its files). Unless exported
+//! with `ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION`, only the exporter and the processes
+//! `aclrtMemSetPidToShareableHandle` names may import. The pid list is honoured by this
+//! library's import; it is not a security boundary against another process of the same user
+//! (the file and hetmem's IPC broker admit any process of the exporter's uid, which is the
+//! boundary).
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -81,9 +85,38 @@ impl Phys {
     pub fn unexport(&self) {
         if let Some(e) = self.export.lock().take() {
             let _ = std::fs::remove_file(&e.path);
+            LIVE_FILES.lock().retain(|p| *p != e.path);
             let _ = self.ctx.ctx.put_ipc_handle(&e.handle);
         }
     }
+}
+
+/// Shareable-handle files of this process not yet removed, for [`remove_files_at_exit`].
+static LIVE_FILES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Registered with `atexit(3)` at the first export: a process that exits without freeing its
+/// exported handles (or `aclFinalize`) leaves no file behind. Only files named with this
+/// process's pid go (a forked child that exits leaves its parent's alone).
+extern "C" fn remove_files_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        let me = format!(".{}.", std::process::id());
+        if let Some(files) = LIVE_FILES.try_lock() {
+            for p in files.iter() {
+                if p.to_string_lossy().contains(&me) {
+                    let _ = std::fs::remove_file(p);
+                }
+            }
+        }
+    });
+}
+
+fn track_file(path: &std::path::Path) {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| {
+        // SAFETY: registers a plain extern "C" function with no arguments.
+        unsafe { libc::atexit(remove_files_at_exit) };
+    });
+    LIVE_FILES.lock().push(path.to_path_buf());
 }
 
 impl Drop for Phys {
@@ -118,7 +151,8 @@ fn write_share_file(path: &PathBuf, flags: u64, h: &hetmem::IpcHandle, pids: &[i
     for p in pids {
         b.extend_from_slice(&p.to_le_bytes());
     }
-    let tmp = path.with_extension("tmp");
+    // Unique per export (the final name is), so concurrent exports never share it.
+    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
     let io = |e: std::io::Error| -> Fail {
         hetmem::Error::OutOfHostMemory(format!("writing shareable handle file {tmp:?}: {e}")).into()
     };
@@ -531,6 +565,7 @@ pub unsafe extern "C" fn aclrtMemExportToShareableHandle(
             let _ = p.ctx.ctx.put_ipc_handle(&h);
             return Err(e);
         }
+        track_file(&path);
         *ex = Some(Export {
             shareable: s,
             handle: h,

@@ -88,6 +88,20 @@ static int intruder(int rfd, int wfd) {
     return 0;
 }
 
+/* Exports a handle, sends the value and exits without freeing anything or aclFinalize: the
+ * library removes its shareable-handle file at exit. */
+static int leaver(int wfd) {
+    OK(aclInit(NULL));
+    OK(aclrtSetDevice(0));
+    aclrtPhysicalMemProp prop = dev_prop(0);
+    aclrtDrvMemHandle h = NULL;
+    OK(aclrtMallocPhysical(&h, gran, &prop, 0));
+    uint64_t sh = 0;
+    OK(aclrtMemExportToShareableHandle(h, ACL_MEM_HANDLE_TYPE_NONE, 1, &sh));
+    write_all(wfd, &sh, sizeof sh);
+    return 0;
+}
+
 /* Starts `mode` of this program as a new process; returns its pid and pipes. */
 static pid_t spawn(const char *mode, unsigned pat, int *to_child, int *from_child) {
     int down[2], up[2];
@@ -190,6 +204,8 @@ int main(int argc, char **argv) {
             return child(atoi(argv[2]), atoi(argv[3]), (unsigned)atoi(argv[4]));
         if (strcmp(argv[1], "intruder") == 0 && argc >= 4)
             return intruder(atoi(argv[2]), atoi(argv[3]));
+        if (strcmp(argv[1], "leaver") == 0 && argc >= 4)
+            return leaver(atoi(argv[3]));
         FAILF("bad arguments");
     }
 
@@ -283,6 +299,17 @@ int main(int argc, char **argv) {
     OK(aclrtUnmapMem(va2));
     OK(aclrtFreePhysical(self));
     OK(aclrtReleaseMemAddress(va2));
+
+    /* A process that exits without freeing its export leaves no file behind. */
+    pid_t lv = spawn("leaver", 0, &to_c, &from_c);
+    uint64_t left = 0;
+    read_all(from_c, &left, sizeof left);
+    expect_exit0(lv, "the leaver");
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm/hetmem-acl-shareable.%llu.%llu",
+             (unsigned long long)(left >> 32), (unsigned long long)(left & 0xffffffffULL));
+    if (access("/dev/shm", F_OK) == 0 && access(path, F_OK) == 0) FAILF("%s was left behind", path);
+    EXPECT_CODE(aclrtMemImportFromShareableHandle(left, 0, &gone), ACL_ERROR_RT_PARAM_INVALID);
 
     /* Release with mappings in place unmaps them; the physical memory stays until freed. */
     OK(aclrtReleaseMemAddress(va));
