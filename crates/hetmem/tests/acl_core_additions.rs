@@ -39,7 +39,7 @@ fn host_memcpy_copies_between_plain_host_memory_and_device_allocations() {
 fn host_memcpy_rejects_null_unmapped_and_read_only_destinations() {
     let rt = rt();
     let ctx = rt.driver().create_context().unwrap();
-    let buf = vec![1u8; 64];
+    let buf = [1u8; 64];
     let e = ctx.host_memcpy(0, buf.as_ptr() as usize, 8).unwrap_err();
     assert_eq!(e.acl_error(), 100_000, "{e}");
     let e = ctx.host_memset(0, 0, 8).unwrap_err();
