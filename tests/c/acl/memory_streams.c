@@ -112,6 +112,27 @@ int main(void) {
     EXPECT_CODE(aclrtMemsetAsync(d, 64, 1, 64, (aclrtStream)0x99), ACL_ERROR_RT_PARAM_INVALID);
     OK(aclrtMemsetAsync(d, 4 * MIB, 5, 4096, s1));
     OK(aclrtSynchronizeStream(s1));
+    /* Mapped virtual memory is a stream operand too (both ways). */
+    {
+        aclrtPhysicalMemProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.location.type = ACL_MEM_LOCATION_TYPE_DEVICE;
+        void *vm = NULL;
+        aclrtDrvMemHandle ph = NULL;
+        OK(aclrtReserveMemAddress(&vm, 4 * MIB, 0, NULL, 0));
+        OK(aclrtMallocPhysical(&ph, 2 * MIB, &prop, 0));
+        OK(aclrtMapMem(vm, 2 * MIB, 0, ph, 0));
+        OK(aclrtMemsetAsync(vm, 2 * MIB, 0x4d, 2 * MIB, s1));
+        OK(aclrtMemcpyAsync(d2, 4 * MIB, vm, 2 * MIB, ACL_MEMCPY_DEVICE_TO_DEVICE, s1));
+        OK(aclrtMemcpyAsync(h, 4 * MIB, d2, 2 * MIB, ACL_MEMCPY_DEVICE_TO_HOST, s1));
+        /* The unmapped half is not a valid operand: refused, nothing queued. */
+        EXPECT_CODE(aclrtMemsetAsync((char *)vm + 2 * MIB, 64, 1, 64, s1), ACL_ERROR_RT_PARAM_INVALID);
+        OK(aclrtSynchronizeStream(s1));
+        fill_check(h, 2 * MIB, 0x4d, "virtual memory through a stream");
+        OK(aclrtUnmapMem(vm));
+        OK(aclrtFreePhysical(ph));
+        OK(aclrtReleaseMemAddress(vm));
+    }
 
     /* Events: never recorded is complete; a record orders another stream's work. */
     aclrtEvent e = NULL;
