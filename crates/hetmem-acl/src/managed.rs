@@ -6,7 +6,7 @@
 //! ([`hetmem::Advice::from_raw`], [`hetmem::Location::from_raw`],
 //! [`hetmem::RangeAttribute::from_raw`]) after the pointer checks.
 
-use crate::state::global;
+use crate::state;
 use crate::{entry, null, out, AclError, Res};
 
 /// `aclrtMemManagedLocation` (`{ type; id; }`, 8 bytes).
@@ -44,7 +44,7 @@ pub unsafe extern "C" fn aclrtMemAllocManaged(
     flag: u32,
 ) -> AclError {
     entry("aclrtMemAllocManaged", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if ptr.is_null() {
             return Err(null("ptr"));
         }
@@ -72,7 +72,7 @@ pub extern "C" fn aclrtMemManagedAdvise(
     location: AclMemManagedLocation,
 ) -> AclError {
     entry("aclrtMemManagedAdvise", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if ptr.is_null() {
             return Err(null("ptr"));
         }
@@ -115,7 +115,7 @@ pub extern "C" fn aclrtMemManagedPrefetchAsync(
     stream: *mut libc::c_void,
 ) -> AclError {
     entry("aclrtMemManagedPrefetchAsync", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if ptr.is_null() {
             return Err(null("ptr"));
         }
@@ -145,7 +145,7 @@ pub unsafe extern "C" fn aclrtMemManagedGetAttr(
     data_size: usize,
 ) -> AclError {
     entry("aclrtMemManagedGetAttr", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if ptr.is_null() {
             return Err(null("ptr"));
         }
@@ -188,7 +188,7 @@ pub unsafe extern "C" fn aclrtMemManagedGetAttrs(
     data_sizes: *const usize,
 ) -> AclError {
     entry("aclrtMemManagedGetAttrs", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if ptr.is_null() {
             return Err(null("ptr"));
         }

@@ -9,7 +9,7 @@
 //! is host-addressable, so every `aclrtMemcpyKind` copies the same way: the kind is checked to be
 //! one of the eight values and otherwise not used to choose a path (pointers decide).
 
-use crate::state::global;
+use crate::state;
 use crate::{entry, null, out, AclError, Res};
 
 /// The highest `aclrtMemcpyKind` (`ACL_MEMCPY_INTER_DEVICE_TO_DEVICE`).
@@ -52,7 +52,7 @@ pub unsafe extern "C" fn aclrtMalloc(
     policy: u32,
 ) -> AclError {
     entry("aclrtMalloc", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if dev_ptr.is_null() {
             return Err(null("devPtr"));
         }
@@ -77,7 +77,7 @@ pub unsafe extern "C" fn aclrtMalloc(
 #[no_mangle]
 pub extern "C" fn aclrtFree(dev_ptr: *mut libc::c_void) -> AclError {
     entry("aclrtFree", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         let p = dev_ptr as usize;
         if p == 0 {
             return Err(null("devPtr"));
@@ -108,7 +108,7 @@ pub unsafe extern "C" fn aclrtMallocHost(
     size: usize,
 ) -> AclError {
     entry("aclrtMallocHost", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if host_ptr.is_null() {
             return Err(null("hostPtr"));
         }
@@ -130,7 +130,7 @@ pub unsafe extern "C" fn aclrtMallocHost(
 #[no_mangle]
 pub extern "C" fn aclrtFreeHost(host_ptr: *mut libc::c_void) -> AclError {
     entry("aclrtFreeHost", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         let p = host_ptr as usize;
         if p == 0 {
             return Err(null("hostPtr"));
@@ -172,7 +172,7 @@ pub extern "C" fn aclrtMemset(
     count: usize,
 ) -> AclError {
     entry("aclrtMemset", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if dev_ptr.is_null() {
             return Err(null("devPtr"));
         }
@@ -196,7 +196,7 @@ pub extern "C" fn aclrtMemsetAsync(
     stream: *mut libc::c_void,
 ) -> AclError {
     entry("aclrtMemsetAsync", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if dev_ptr.is_null() {
             return Err(null("devPtr"));
         }
@@ -231,7 +231,7 @@ pub extern "C" fn aclrtMemcpy(
     kind: u32,
 ) -> AclError {
     entry("aclrtMemcpy", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if dst.is_null() || src.is_null() {
             return Err(null(if dst.is_null() { "dst" } else { "src" }));
         }
@@ -258,7 +258,7 @@ pub extern "C" fn aclrtMemcpyAsync(
     stream: *mut libc::c_void,
 ) -> AclError {
     entry("aclrtMemcpyAsync", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if dst.is_null() || src.is_null() {
             return Err(null(if dst.is_null() { "dst" } else { "src" }));
         }
@@ -283,7 +283,7 @@ pub unsafe extern "C" fn aclrtGetMemInfo(
     total: *mut usize,
 ) -> AclError {
     entry("aclrtGetMemInfo", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if free.is_null() || total.is_null() {
             return Err(null(if free.is_null() { "free" } else { "total" }));
         }

@@ -127,7 +127,7 @@ pub unsafe extern "C" fn aclrtGetVersion(
 #[no_mangle]
 pub unsafe extern "C" fn aclrtGetDeviceCount(count: *mut u32) -> AclError {
     entry("aclrtGetDeviceCount", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if count.is_null() {
             return Err(null("count"));
         }
@@ -153,9 +153,10 @@ pub unsafe extern "C" fn aclrtGetRunMode(mode: *mut u32) -> AclError {
     })
 }
 
-fn new_ctx(g: &Global, dev: hetmem::Device, default: bool) -> Res<Arc<Ctx>> {
+fn new_ctx(g: &state::G, dev: hetmem::Device, default: bool) -> Res<Arc<Ctx>> {
     let ctx = g.rt.driver().create_context()?;
     Ok(Arc::new(Ctx {
+        global: g.arc(),
         handle: state::fresh_handle(1),
         dev,
         ctx,
@@ -173,7 +174,7 @@ fn new_ctx(g: &Global, dev: hetmem::Device, default: bool) -> Res<Arc<Ctx>> {
 #[no_mangle]
 pub extern "C" fn aclrtSetDevice(device_id: i32) -> AclError {
     entry("aclrtSetDevice", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         let dev = g.device(device_id as i64)?;
         let ord = dev.ordinal();
         let mut reg = g.reg.lock();
@@ -207,7 +208,7 @@ pub extern "C" fn aclrtSetDevice(device_id: i32) -> AclError {
 #[no_mangle]
 pub extern "C" fn aclrtResetDevice(device_id: i32) -> AclError {
     entry("aclrtResetDevice", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         let ord = g.device(device_id as i64)?.ordinal();
         let mut reg = g.reg.lock();
         let Some((h, n)) = reg.defaults.get_mut(&ord) else {
@@ -299,7 +300,7 @@ fn remove_context(reg: &mut Registry, h: usize) -> Registry {
 #[no_mangle]
 pub unsafe extern "C" fn aclrtGetDevice(device_id: *mut i32) -> AclError {
     entry("aclrtGetDevice", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if device_id.is_null() {
             return Err(null("deviceId"));
         }
@@ -321,7 +322,7 @@ pub unsafe extern "C" fn aclrtCreateContext(
     device_id: i32,
 ) -> AclError {
     entry("aclrtCreateContext", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if context.is_null() {
             return Err(null("context"));
         }
@@ -344,7 +345,7 @@ pub unsafe extern "C" fn aclrtCreateContext(
 #[no_mangle]
 pub extern "C" fn aclrtDestroyContext(context: *mut libc::c_void) -> AclError {
     entry("aclrtDestroyContext", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         let h = context as usize;
         let c = g.context(h)?;
         if c.default {
@@ -371,7 +372,7 @@ pub extern "C" fn aclrtDestroyContext(context: *mut libc::c_void) -> AclError {
 #[no_mangle]
 pub extern "C" fn aclrtSetCurrentContext(context: *mut libc::c_void) -> AclError {
     entry("aclrtSetCurrentContext", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         let c = g.context(context as usize)?;
         state::set_current(Some(&c));
         Ok(())
@@ -385,7 +386,7 @@ pub extern "C" fn aclrtSetCurrentContext(context: *mut libc::c_void) -> AclError
 #[no_mangle]
 pub unsafe extern "C" fn aclrtGetCurrentContext(context: *mut *mut libc::c_void) -> AclError {
     entry("aclrtGetCurrentContext", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if context.is_null() {
             return Err(null("context"));
         }

@@ -65,6 +65,11 @@ pub struct Ctx {
     /// Cleared when the context is destroyed (its device reset, `aclrtDestroyContext`,
     /// `aclFinalize`): threads holding it as current see that at once.
     pub alive: AtomicBool,
+    /// The library instance it belongs to: reached from the calling thread's current context
+    /// without taking the global lock ([`fast_global`]). (The registry holds the context and the
+    /// context holds the instance; `aclFinalize`, `aclrtResetDevice` and `aclrtDestroyContext`
+    /// take contexts out of the registry, which breaks that cycle.)
+    pub global: Arc<Global>,
 }
 
 /// A reservation made by `aclrtReserveMemAddress`.
@@ -124,6 +129,52 @@ pub fn global() -> Res<Arc<Global>> {
             "the library is not initialised: call aclInit first",
         )
     })
+}
+
+/// The running library as an entry point reaches it: through the calling thread's live current
+/// context when it has one (two atomic operations, no lock), else through the global slot.
+/// Dereferences to [`Global`].
+pub enum G {
+    /// Reached through the current context (which [`G::current`] then answers).
+    Ctx(Arc<Ctx>),
+    /// Reached through the global slot.
+    Global(Arc<Global>),
+}
+
+impl std::ops::Deref for G {
+    type Target = Global;
+    fn deref(&self) -> &Global {
+        match self {
+            G::Ctx(c) => &c.global,
+            G::Global(g) => g,
+        }
+    }
+}
+
+impl G {
+    /// The calling thread's current context (see [`Global::current`]).
+    pub fn current(&self) -> Res<Arc<Ctx>> {
+        match self {
+            G::Ctx(c) => Ok(c.clone()),
+            G::Global(g) => g.current(),
+        }
+    }
+    /// The instance itself.
+    pub fn arc(&self) -> Arc<Global> {
+        match self {
+            G::Ctx(c) => c.global.clone(),
+            G::Global(g) => g.clone(),
+        }
+    }
+}
+
+/// The running library (see [`G`]), or `ACL_ERROR_UNINITIALIZE`.
+pub fn fast_global() -> Res<G> {
+    let c = CURRENT.with(|c| c.borrow().1.upgrade());
+    match c {
+        Some(c) if c.alive.load(Ordering::Acquire) => Ok(G::Ctx(c)),
+        _ => Ok(G::Global(global()?)),
+    }
 }
 
 /// Installs `g` (aclInit); false if one is running.

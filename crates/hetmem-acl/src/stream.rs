@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::state::{self, global, Ctx, Global};
+use crate::state::{self, Ctx, Global};
 use crate::{entry, null, out, AclError, Res};
 
 /// How a stream executes.
@@ -199,7 +199,7 @@ pub fn default_stream(_g: &Global, ctx: &Arc<Ctx>) -> Res<Arc<AclStream>> {
 #[no_mangle]
 pub unsafe extern "C" fn aclrtCreateStream(stream: *mut *mut libc::c_void) -> AclError {
     entry("aclrtCreateStream", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if stream.is_null() {
             return Err(null("stream"));
         }
@@ -220,7 +220,7 @@ pub unsafe extern "C" fn aclrtCreateStream(stream: *mut *mut libc::c_void) -> Ac
 #[no_mangle]
 pub extern "C" fn aclrtDestroyStream(stream: *mut libc::c_void) -> AclError {
     entry("aclrtDestroyStream", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         let h = stream as usize;
         let s = g
             .reg
@@ -242,7 +242,7 @@ pub extern "C" fn aclrtDestroyStream(stream: *mut libc::c_void) -> AclError {
 #[no_mangle]
 pub extern "C" fn aclrtSynchronizeStream(stream: *mut libc::c_void) -> AclError {
     entry("aclrtSynchronizeStream", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         g.stream(stream as usize)?.synchronize()
     })
 }
@@ -254,7 +254,7 @@ pub extern "C" fn aclrtSynchronizeStream(stream: *mut libc::c_void) -> AclError 
 #[no_mangle]
 pub extern "C" fn aclrtSynchronizeDevice() -> AclError {
     entry("aclrtSynchronizeDevice", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         let dev = g.current()?.dev.ordinal();
         let streams: Vec<Arc<AclStream>> = {
             let reg = g.reg.lock();
@@ -289,7 +289,7 @@ pub extern "C" fn aclrtSynchronizeDevice() -> AclError {
 #[no_mangle]
 pub unsafe extern "C" fn aclrtCreateEvent(event: *mut *mut libc::c_void) -> AclError {
     entry("aclrtCreateEvent", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if event.is_null() {
             return Err(null("event"));
         }
@@ -316,7 +316,7 @@ pub unsafe extern "C" fn aclrtCreateEvent(event: *mut *mut libc::c_void) -> AclE
 #[no_mangle]
 pub extern "C" fn aclrtDestroyEvent(event: *mut libc::c_void) -> AclError {
     entry("aclrtDestroyEvent", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         let h = event as usize;
         let e = g.reg.lock().events.remove(&h);
         e.map(|_| ()).ok_or_else(|| state::bad_handle("event", h))
@@ -333,7 +333,7 @@ pub extern "C" fn aclrtRecordEvent(
     stream: *mut libc::c_void,
 ) -> AclError {
     entry("aclrtRecordEvent", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         let e = g.event(event as usize)?;
         let s = g.stream(stream as usize)?;
         let fresh = e.ctx.ctx.create_event()?;
@@ -353,7 +353,7 @@ pub extern "C" fn aclrtStreamWaitEvent(
     event: *mut libc::c_void,
 ) -> AclError {
     entry("aclrtStreamWaitEvent", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         let s = g.stream(stream as usize)?;
         let e = g.event(event as usize)?;
         let latest = e.latest.lock().clone();
@@ -371,7 +371,7 @@ pub extern "C" fn aclrtStreamWaitEvent(
 #[no_mangle]
 pub extern "C" fn aclrtSynchronizeEvent(event: *mut libc::c_void) -> AclError {
     entry("aclrtSynchronizeEvent", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         let e = g.event(event as usize)?;
         let latest = e.latest.lock().clone();
         if let Some(ev) = latest {
@@ -392,7 +392,7 @@ pub unsafe extern "C" fn aclrtQueryEventStatus(
     status: *mut u32,
 ) -> AclError {
     entry("aclrtQueryEventStatus", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         let e = g.event(event as usize)?;
         if status.is_null() {
             return Err(null("status"));

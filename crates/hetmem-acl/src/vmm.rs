@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::state::{self, global, Ctx, Reserved};
+use crate::state::{self, Ctx, Reserved};
 use crate::{entry, null, out, AclError, Fail, Res};
 
 /// `aclrtPhysicalMemProp` (32 bytes).
@@ -247,7 +247,7 @@ pub unsafe extern "C" fn aclrtMemGetAllocationGranularity(
     granularity: *mut usize,
 ) -> AclError {
     entry("aclrtMemGetAllocationGranularity", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if prop.is_null() || granularity.is_null() {
             return Err(null(if prop.is_null() {
                 "prop"
@@ -291,7 +291,7 @@ pub unsafe extern "C" fn aclrtReserveMemAddress(
     _flags: u64,
 ) -> AclError {
     entry("aclrtReserveMemAddress", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if vir_ptr.is_null() {
             return Err(null("virPtr"));
         }
@@ -328,7 +328,7 @@ pub unsafe extern "C" fn aclrtReserveMemAddress(
 #[no_mangle]
 pub extern "C" fn aclrtReleaseMemAddress(vir_ptr: *mut libc::c_void) -> AclError {
     entry("aclrtReleaseMemAddress", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         let p = vir_ptr as usize;
         if p == 0 {
             return Err(null("virPtr"));
@@ -374,7 +374,7 @@ pub unsafe extern "C" fn aclrtMallocPhysical(
     flags: u64,
 ) -> AclError {
     entry("aclrtMallocPhysical", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if handle.is_null() || prop.is_null() {
             return Err(null(if handle.is_null() { "handle" } else { "prop" }));
         }
@@ -431,7 +431,7 @@ fn register(g: &state::Global, ctx: Arc<Ctx>, mem: hetmem::PhysicalMemory) -> us
 #[no_mangle]
 pub extern "C" fn aclrtFreePhysical(handle: *mut libc::c_void) -> AclError {
     entry("aclrtFreePhysical", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         let h = handle as usize;
         let p = g.phys(h)?;
         p.ctx.ctx.destroy_physical_memory(p.mem)?;
@@ -461,7 +461,7 @@ pub extern "C" fn aclrtMapMem(
     flags: u64,
 ) -> AclError {
     entry("aclrtMapMem", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if vir_ptr.is_null() {
             return Err(null("virPtr"));
         }
@@ -496,7 +496,7 @@ pub extern "C" fn aclrtMapMem(
 #[no_mangle]
 pub extern "C" fn aclrtUnmapMem(vir_ptr: *mut libc::c_void) -> AclError {
     entry("aclrtUnmapMem", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         let va = vir_ptr as usize;
         if va == 0 {
             return Err(null("virPtr"));
@@ -530,7 +530,7 @@ pub unsafe extern "C" fn aclrtMemExportToShareableHandle(
     shareable: *mut u64,
 ) -> AclError {
     entry("aclrtMemExportToShareableHandle", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if shareable.is_null() {
             return Err(null("shareableHandle"));
         }
@@ -593,7 +593,7 @@ pub unsafe extern "C" fn aclrtMemSetPidToShareableHandle(
     pid_num: usize,
 ) -> AclError {
     entry("aclrtMemSetPidToShareableHandle", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if pid.is_null() {
             return Err(null("pid"));
         }
@@ -636,7 +636,7 @@ pub unsafe extern "C" fn aclrtMemImportFromShareableHandle(
     handle: *mut *mut libc::c_void,
 ) -> AclError {
     entry("aclrtMemImportFromShareableHandle", || {
-        let g = global()?;
+        let g = state::fast_global()?;
         if handle.is_null() {
             return Err(null("handle"));
         }
