@@ -181,10 +181,18 @@ fn bench_acl_json_has_a_ratio_and_the_added_ns_of_each_c_entry_point() {
     assert!(o.status.success(), "{out}\n{err}");
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    for op in ["get_attr_2mib", "advise_2mib", "prefetch_2mib", "map_unmap_2mib"] {
+    for op in [
+        "get_attr_2mib",
+        "advise_2mib",
+        "prefetch_2mib",
+        "map_unmap_2mib",
+    ] {
         let r = v[format!("{op}_ratio")].as_f64().unwrap_or(f64::NAN);
         assert!(r.is_finite() && r > 0.0, "{op}_ratio = {r}");
-        assert!(v[format!("{op}_added_ns")].is_f64(), "{op}_added_ns missing");
+        assert!(
+            v[format!("{op}_added_ns")].is_f64(),
+            "{op}_added_ns missing"
+        );
         assert!(out.contains("added per call"), "{out}");
     }
     std::fs::remove_dir_all(&dir).ok();

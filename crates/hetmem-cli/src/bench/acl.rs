@@ -8,8 +8,10 @@
 //! time), and `aclrtMapMem` + `aclrtUnmapMem` of 2 MiB. Target: at most 150 ns added per call
 //! (`<op>_added_ns` in the JSON).
 //!
-//! The entry points are called as Rust functions of the library's rlib (the same code a C
-//! program reaches through the PLT of the shared object).
+//! The entry points are called through `libascendcl.so` itself (`dlopen` of the library next to
+//! the `hetmem` executable, or `$HETMEM_ACL_LIB`), as a C program calls them; where no shared
+//! object is found they are called as functions of the library's rlib linked into `hetmem`
+//! (the same code). The table says which.
 
 use std::ffi::c_void;
 use std::ptr::null_mut;
@@ -23,12 +25,131 @@ use super::{alternate, e2s, json_extra, Args, Row, Unit};
 
 const PAGE: usize = 2 << 20;
 
-fn acl(r: i32, what: &str) -> Result<(), String> {
+type Loc = AclMemManagedLocation;
+
+/// The entry points the benchmark calls, from the shared object or the rlib.
+struct Api {
+    from: String,
+    init: unsafe extern "C" fn(*const libc::c_char) -> i32,
+    finalize: extern "C" fn() -> i32,
+    set_device: extern "C" fn(i32) -> i32,
+    create_stream: unsafe extern "C" fn(*mut *mut c_void) -> i32,
+    destroy_stream: extern "C" fn(*mut c_void) -> i32,
+    sync_stream: extern "C" fn(*mut c_void) -> i32,
+    alloc_managed: unsafe extern "C" fn(*mut *mut c_void, u64, u32) -> i32,
+    memset: extern "C" fn(*mut c_void, usize, i32, usize) -> i32,
+    free: extern "C" fn(*mut c_void) -> i32,
+    get_attr: unsafe extern "C" fn(u32, *const c_void, usize, *mut c_void, usize) -> i32,
+    advise: extern "C" fn(*const c_void, u64, u32, Loc) -> i32,
+    prefetch: extern "C" fn(*const c_void, usize, Loc, u32, *mut c_void) -> i32,
+    reserve: unsafe extern "C" fn(*mut *mut c_void, usize, usize, *mut c_void, u64) -> i32,
+    release: extern "C" fn(*mut c_void) -> i32,
+    malloc_physical:
+        unsafe extern "C" fn(*mut *mut c_void, usize, *const AclPhysicalMemProp, u64) -> i32,
+    free_physical: extern "C" fn(*mut c_void) -> i32,
+    map: extern "C" fn(*mut c_void, usize, usize, *mut c_void, u64) -> i32,
+    unmap: extern "C" fn(*mut c_void) -> i32,
+    recent: extern "C" fn() -> *const libc::c_char,
+}
+
+/// A symbol's address as the function pointer type `F`.
+///
+/// # Safety
+/// `p` is the address of a function whose signature is `F`.
+unsafe fn fn_ptr<F: Copy>(p: *mut c_void) -> F {
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: same size (checked); the caller vouches for the signature.
+    unsafe { std::mem::transmute_copy(&p) }
+}
+
+impl Api {
+    /// The rlib's functions.
+    fn linked() -> Api {
+        use ascendcl::{managed as m, memory as mem, setup as st, stream as s, vmm as v};
+        Api {
+            from: "the library's rlib (no libascendcl.so found)".into(),
+            init: st::aclInit,
+            finalize: st::aclFinalize,
+            set_device: st::aclrtSetDevice,
+            create_stream: s::aclrtCreateStream,
+            destroy_stream: s::aclrtDestroyStream,
+            sync_stream: s::aclrtSynchronizeStream,
+            alloc_managed: m::aclrtMemAllocManaged,
+            memset: mem::aclrtMemset,
+            free: mem::aclrtFree,
+            get_attr: m::aclrtMemManagedGetAttr,
+            advise: m::aclrtMemManagedAdvise,
+            prefetch: m::aclrtMemManagedPrefetchAsync,
+            reserve: v::aclrtReserveMemAddress,
+            release: v::aclrtReleaseMemAddress,
+            malloc_physical: v::aclrtMallocPhysical,
+            free_physical: v::aclrtFreePhysical,
+            map: v::aclrtMapMem,
+            unmap: v::aclrtUnmapMem,
+            recent: ascendcl::aclGetRecentErrMsg,
+        }
+    }
+
+    /// The shared object's functions: `$HETMEM_ACL_LIB`, else `libascendcl.so` beside the
+    /// executable; `None` if there is none.
+    fn shared() -> Option<Api> {
+        let path = std::env::var_os("HETMEM_ACL_LIB")
+            .map(std::path::PathBuf::from)
+            .or_else(|| {
+                let p = std::env::current_exe()
+                    .ok()?
+                    .with_file_name("libascendcl.so");
+                p.exists().then_some(p)
+            })?;
+        let c = std::ffi::CString::new(path.to_string_lossy().as_bytes()).ok()?;
+        // SAFETY: dlopen of a path; the handle is kept for the process's life (never closed).
+        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if h.is_null() {
+            return None;
+        }
+        macro_rules! sym {
+            ($name:literal) => {{
+                // SAFETY: a NUL-terminated symbol name looked up in the handle above.
+                let p = unsafe { libc::dlsym(h, concat!($name, "\0").as_ptr() as *const _) };
+                if p.is_null() {
+                    return None;
+                }
+                // SAFETY: the symbol is the C entry point of that name, whose signature the
+                // field's type is (the library's headers).
+                unsafe { fn_ptr(p) }
+            }};
+        }
+        Some(Api {
+            from: format!("{} (dlopen)", path.display()),
+            init: sym!("aclInit"),
+            finalize: sym!("aclFinalize"),
+            set_device: sym!("aclrtSetDevice"),
+            create_stream: sym!("aclrtCreateStream"),
+            destroy_stream: sym!("aclrtDestroyStream"),
+            sync_stream: sym!("aclrtSynchronizeStream"),
+            alloc_managed: sym!("aclrtMemAllocManaged"),
+            memset: sym!("aclrtMemset"),
+            free: sym!("aclrtFree"),
+            get_attr: sym!("aclrtMemManagedGetAttr"),
+            advise: sym!("aclrtMemManagedAdvise"),
+            prefetch: sym!("aclrtMemManagedPrefetchAsync"),
+            reserve: sym!("aclrtReserveMemAddress"),
+            release: sym!("aclrtReleaseMemAddress"),
+            malloc_physical: sym!("aclrtMallocPhysical"),
+            free_physical: sym!("aclrtFreePhysical"),
+            map: sym!("aclrtMapMem"),
+            unmap: sym!("aclrtUnmapMem"),
+            recent: sym!("aclGetRecentErrMsg"),
+        })
+    }
+}
+
+fn acl(api: &Api, r: i32, what: &str) -> Result<(), String> {
     if r == 0 {
         return Ok(());
     }
     // SAFETY: the library's NUL-terminated message of this thread.
-    let m = unsafe { std::ffi::CStr::from_ptr(ascendcl::aclGetRecentErrMsg()) };
+    let m = unsafe { std::ffi::CStr::from_ptr((api.recent)()) };
     Err(format!("{what} answered {r}: {}", m.to_string_lossy()))
 }
 
@@ -61,27 +182,25 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
         .create_physical_memory(Some(&dev), PhysicalMemoryFlags::AllocateOnDevice, page)
         .map_err(e2s)?;
 
+    let api = Api::shared().unwrap_or_else(Api::linked);
+    println!("C entry points from {}", api.from);
     // SAFETY (every block below): the C entry points with valid out-pointers and arguments.
     let (s, am, va, ph) = unsafe {
-        acl(ascendcl::setup::aclInit(std::ptr::null()), "aclInit")?;
-        acl(ascendcl::setup::aclrtSetDevice(0), "aclrtSetDevice")?;
+        acl(&api, (api.init)(std::ptr::null()), "aclInit")?;
+        acl(&api, (api.set_device)(0), "aclrtSetDevice")?;
         let mut s: *mut c_void = null_mut();
-        acl(
-            ascendcl::stream::aclrtCreateStream(&mut s),
-            "aclrtCreateStream",
-        )?;
+        acl(&api, (api.create_stream)(&mut s), "aclrtCreateStream")?;
         let mut am: *mut c_void = null_mut();
         acl(
-            ascendcl::managed::aclrtMemAllocManaged(&mut am, PAGE as u64, 1),
+            &api,
+            (api.alloc_managed)(&mut am, PAGE as u64, 1),
             "aclrtMemAllocManaged",
         )?;
-        acl(
-            ascendcl::memory::aclrtMemset(am, PAGE, 1, PAGE),
-            "aclrtMemset",
-        )?;
+        acl(&api, (api.memset)(am, PAGE, 1, PAGE), "aclrtMemset")?;
         let mut va: *mut c_void = null_mut();
         acl(
-            ascendcl::vmm::aclrtReserveMemAddress(&mut va, page, 0, null_mut(), 0),
+            &api,
+            (api.reserve)(&mut va, page, 0, null_mut(), 0),
             "aclrtReserveMemAddress",
         )?;
         let prop = AclPhysicalMemProp {
@@ -94,7 +213,8 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
         };
         let mut ph: *mut c_void = null_mut();
         acl(
-            ascendcl::vmm::aclrtMallocPhysical(&mut ph, page, &prop, 0),
+            &api,
+            (api.malloc_physical)(&mut ph, page, &prop, 0),
             "aclrtMallocPhysical",
         )?;
         (s, am, va, ph)
@@ -112,7 +232,7 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
             unit: Unit::Ns,
             hetmem_ns: c,
             baseline_ns: Some(rust),
-            baseline: "the same hetmem Rust call",
+            baseline: "the same hetmem Rust call(s)",
             target: Some("<= 150 ns added"),
         });
     };
@@ -128,15 +248,9 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
                     let mut v = 0i32;
                     // SAFETY: valid pointers; 4-byte buffer.
                     let r = unsafe {
-                        ascendcl::managed::aclrtMemManagedGetAttr(
-                            1,
-                            am,
-                            PAGE,
-                            &mut v as *mut i32 as *mut c_void,
-                            4,
-                        )
+                        (api.get_attr)(1, am, PAGE, &mut v as *mut i32 as *mut c_void, 4)
                     };
-                    acl(r, "aclrtMemManagedGetAttr")
+                    acl(&api, r, "aclrtMemManagedGetAttr")
                 })
             },
             || {
@@ -155,7 +269,8 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
             || {
                 per_op(iters * 8, || {
                     acl(
-                        ascendcl::managed::aclrtMemManagedAdvise(am, PAGE as u64, 4, host),
+                        &api,
+                        (api.advise)(am, PAGE as u64, 4, host),
                         "aclrtMemManagedAdvise",
                     )
                 })
@@ -180,13 +295,11 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
                     flip = !flip;
                     let to = if flip { dev0 } else { host };
                     acl(
-                        ascendcl::managed::aclrtMemManagedPrefetchAsync(am, PAGE, to, 0, s),
+                        &api,
+                        (api.prefetch)(am, PAGE, to, 0, s),
                         "aclrtMemManagedPrefetchAsync",
                     )?;
-                    acl(
-                        ascendcl::stream::aclrtSynchronizeStream(s),
-                        "aclrtSynchronizeStream",
-                    )
+                    acl(&api, (api.sync_stream)(s), "aclrtSynchronizeStream")
                 })
             },
             || {
@@ -210,11 +323,8 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
             rounds,
             || {
                 per_op(iters, || {
-                    acl(
-                        ascendcl::vmm::aclrtMapMem(va, page, 0, ph, 0),
-                        "aclrtMapMem",
-                    )?;
-                    acl(ascendcl::vmm::aclrtUnmapMem(va), "aclrtUnmapMem")
+                    acl(&api, (api.map)(va, page, 0, ph, 0), "aclrtMapMem")?;
+                    acl(&api, (api.unmap)(va), "aclrtUnmapMem")
                 })
             },
             || {
@@ -227,17 +337,11 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
         )?,
     );
 
-    acl(ascendcl::vmm::aclrtFreePhysical(ph), "aclrtFreePhysical")?;
-    acl(
-        ascendcl::vmm::aclrtReleaseMemAddress(va),
-        "aclrtReleaseMemAddress",
-    )?;
-    acl(ascendcl::memory::aclrtFree(am), "aclrtFree")?;
-    acl(
-        ascendcl::stream::aclrtDestroyStream(s),
-        "aclrtDestroyStream",
-    )?;
-    acl(ascendcl::setup::aclFinalize(), "aclFinalize")?;
+    acl(&api, (api.free_physical)(ph), "aclrtFreePhysical")?;
+    acl(&api, (api.release)(va), "aclrtReleaseMemAddress")?;
+    acl(&api, (api.free)(am), "aclrtFree")?;
+    acl(&api, (api.destroy_stream)(s), "aclrtDestroyStream")?;
+    acl(&api, (api.finalize)(), "aclFinalize")?;
     ctx.free_reservation(r).map_err(e2s)?;
     ctx.destroy_physical_memory(phys).map_err(e2s)?;
     ctx.free_managed(m).map_err(e2s)?;
