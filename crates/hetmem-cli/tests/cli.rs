@@ -136,7 +136,11 @@ fn bench_unknown_group_fails_listing_every_group() {
         .trim();
     let mut groups: Vec<&str> = listed.split(", ").collect();
     groups.sort_unstable();
-    assert_eq!(groups, ["ipc", "managed", "usm", "vmm", "ze"], "{err}");
+    assert_eq!(
+        groups,
+        ["acl", "ipc", "managed", "usm", "vmm", "ze"],
+        "{err}"
+    );
 }
 
 #[test]
@@ -199,4 +203,46 @@ fn bench_ze_json_has_a_finite_ratio_and_added_ns_per_operation() {
             "{k}_added_ns"
         );
     }
+}
+
+#[test]
+fn bench_acl_json_has_a_ratio_and_the_added_ns_of_each_c_entry_point() {
+    let dir = std::env::temp_dir().join(format!("hetmem-bench-acl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("acl.json");
+    let (o, out, err) = hetmem(
+        &[
+            "bench",
+            "acl",
+            "--iters",
+            "16",
+            "--rounds",
+            "3",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        &[],
+    );
+    if !o.status.success() && err.contains("userfaultfd") {
+        eprintln!("SKIPPED bench acl: managed memory unavailable here: {err}");
+        return;
+    }
+    assert!(o.status.success(), "{out}\n{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for op in [
+        "get_attr_2mib",
+        "advise_2mib",
+        "prefetch_2mib",
+        "map_unmap_2mib",
+    ] {
+        let r = v[format!("{op}_ratio")].as_f64().unwrap_or(f64::NAN);
+        assert!(r.is_finite() && r > 0.0, "{op}_ratio = {r}");
+        assert!(
+            v[format!("{op}_added_ns")].is_f64(),
+            "{op}_added_ns missing"
+        );
+        assert!(out.contains("added per call"), "{out}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -7,6 +7,7 @@
 //!
 //! Each group lives in its own submodule and returns its rows.
 
+mod acl;
 mod ipc;
 mod managed;
 mod usm;
@@ -21,7 +22,7 @@ use rustix::mm::{MapFlags, ProtFlags};
 /// Arguments of `hetmem bench`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Benchmark group: vmm, usm, ipc, managed, ze.
+    /// Benchmark group: vmm, usm, ipc, managed, ze, acl.
     pub group: String,
     /// Write every figure of the group to this JSON file.
     #[arg(long)]
@@ -82,7 +83,7 @@ pub fn json_extra(key: &str, v: f64) {
 }
 
 /// Every benchmark group `run` knows (the error for an unknown one lists them).
-pub const GROUPS: [&str; 5] = ["vmm", "usm", "ipc", "managed", "ze"];
+pub const GROUPS: [&str; 6] = ["vmm", "usm", "ipc", "managed", "ze", "acl"];
 
 pub fn run(args: Args) -> Result<(), String> {
     let rows = match args.group.as_str() {
@@ -91,6 +92,7 @@ pub fn run(args: Args) -> Result<(), String> {
         "ipc" => ipc::bench(&args)?,
         "managed" => managed::bench(&args)?,
         "ze" => ze::bench(&args)?,
+        "acl" => acl::bench(&args)?,
         // The importer process of `ipc` (re-executed by it; not a group of its own).
         "ipc-importer" => return ipc::importer().map(|_| ()),
         other => {

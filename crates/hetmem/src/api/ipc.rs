@@ -403,6 +403,52 @@ impl Context {
         Ok(base)
     }
 
+    /// Imports the physical memory object a physical-object handle shares (from
+    /// [`Context::get_physical_memory_ipc_handle`], in this or another process) as a physical
+    /// object of this context, to be mapped with [`Context::map`] wherever the caller reserved
+    /// address space and released with [`Context::destroy_physical_memory`] (ACL's
+    /// `aclrtMemImportFromShareableHandle`, CUDA's `cuMemImportFromShareableHandle`; Level
+    /// Zero has no such call). The object is `handle.size()` bytes, on `device` if the exported
+    /// memory was device memory (else host memory), and is charged to no capacity (the
+    /// exporter's object is). It stays valid, and so do its mappings, after the exporter
+    /// destroys its object or exits. Transports as [`Context::open_ipc_handle`] (the exporter
+    /// must be alive unless the handle's fd is valid here).
+    ///
+    /// Errors: `InvalidArgument` for bytes that are not a handle, a handle of an allocation or
+    /// a range (not one physical object), a handle that was put, a wrong token, a vanished
+    /// exporter, a received shareable handle this backend cannot import or too small;
+    /// `InvalidNullHandle` for a device of another driver; `OutOfHostMemory` if the OS refuses.
+    /// Nothing changes on error.
+    pub fn import_physical_memory(
+        &self,
+        handle: &IpcHandle,
+        device: &Device,
+    ) -> Result<PhysicalMemory> {
+        self.check_device(device)?;
+        let h = decode(handle)?;
+        if h.kind != IpcHandleKind::Physical {
+            return Err(Error::InvalidArgument(format!(
+                "the handle shares {:?}, not one physical memory object",
+                h.kind
+            )));
+        }
+        let d = self.driver_shared();
+        let m = material(d.backend.as_ref(), &h, handle, d.ipc_max_range_pieces)?;
+        validate(d.backend.as_ref(), &m)?;
+        let size = m.size;
+        let fd =
+            m.fds.into_iter().next().ok_or_else(|| {
+                Error::InvalidArgument("the export carries no memory object".into())
+            })?;
+        let raw = d.backend.import_physical(fd)?;
+        let location = match h.mem {
+            MemoryType::Device => crate::backend::PhysicalLocation::Device(device.ordinal()),
+            _ => crate::backend::PhysicalLocation::Host,
+        };
+        let phys = d.vm.write().insert_imported(raw, self.id(), location, size);
+        Ok(phys)
+    }
+
     /// `zeMemCloseIpcHandle`: unmaps the view that [`Context::open_ipc_handle`] returned at
     /// `ptr`. No fd stays open for a view, so nothing else is released. Blocks until no queued
     /// or running copy or fill references the view (waiting with no lock held).

@@ -411,6 +411,78 @@ impl Context {
         Ok(())
     }
 
+    /// Host-synchronous `aclrtMemcpy` of `count` bytes between any two kinds of memory (overlap
+    /// behaves as `memmove`), by the calling thread. If either side is managed memory this is
+    /// [`Context::managed_memcpy`]. Otherwise each side must be plain process memory mapped
+    /// readable (`src`) / writable (`dst`) for the whole range: host buffers, USM host / device
+    /// / shared allocations, imports, mapped virtual memory, opened IPC views (on the host
+    /// backend device memory is process memory). A `count` of 0 copies nothing (the pointers
+    /// are still checked for null). Works where managed memory is unavailable.
+    ///
+    /// Errors (nothing copied): `ACL_ERROR_INVALID_PARAM` (100000) for a null pointer;
+    /// `ACL_ERROR_RT_PARAM_INVALID` (107000) for a range that is not mapped with the access
+    /// needed, runs into managed memory or overflows; as [`Context::managed_memcpy`] when a side
+    /// is managed.
+    pub fn host_memcpy(&self, dst: usize, src: usize, count: usize) -> Result<()> {
+        if dst == 0 || src == 0 {
+            return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
+        }
+        if self.is_managed(dst) || self.is_managed(src) {
+            return self.managed_memcpy(dst, src, count);
+        }
+        self.check_plain(src, count, false)?;
+        self.check_plain(dst, count, true)?;
+        // SAFETY: both ranges are mapped with the access needed (checked); memmove.
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, count) };
+        Ok(())
+    }
+
+    /// Host-synchronous `aclrtMemset` of `count` bytes at `ptr` to `value`, any memory: managed
+    /// memory as [`Context::managed_memset`], otherwise plain process memory mapped writable
+    /// for the whole range (as [`Context::host_memcpy`]).
+    ///
+    /// Errors (nothing written): `ACL_ERROR_INVALID_PARAM` (100000) for a null pointer;
+    /// `ACL_ERROR_RT_PARAM_INVALID` (107000) for a range not mapped writable, running into
+    /// managed memory or overflowing; as [`Context::managed_memset`] when `ptr` is managed.
+    pub fn host_memset(&self, ptr: usize, value: u8, count: usize) -> Result<()> {
+        if ptr == 0 {
+            return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
+        }
+        if self.is_managed(ptr) {
+            return self.managed_memset(ptr, value, count);
+        }
+        self.check_plain(ptr, count, true)?;
+        // SAFETY: the range is mapped writable (checked).
+        unsafe { std::ptr::write_bytes(ptr as *mut u8, value, count) };
+        Ok(())
+    }
+
+    /// A plain (not managed) side of a host copy: no overflow, no managed byte, mapped with
+    /// the access needed.
+    fn check_plain(&self, p: usize, count: usize, write: bool) -> Result<()> {
+        let end = p.checked_add(count).ok_or_else(|| {
+            Error::Acl(
+                AclCode::RtParamInvalid,
+                format!("{} + {count:#x} overflows", Addr(p)),
+            )
+        })?;
+        if let Some((b, _)) = self.driver_shared().managed.overlapping(p, end) {
+            return Err(Error::Acl(
+                AclCode::RtParamInvalid,
+                format!(
+                    "[{}, {}) runs into the managed allocation at {}",
+                    Addr(p),
+                    Addr(end),
+                    Addr(b)
+                ),
+            ));
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        check_process_memory(self.driver_shared().backend.as_ref(), p, count, write)
+    }
+
     /// Host-synchronous copy of `data` into managed memory at `dst` (`aclrtMemcpy`,
     /// host-to-managed).
     ///

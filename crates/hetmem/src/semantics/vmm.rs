@@ -141,6 +141,9 @@ pub(crate) struct PhysicalRec {
     /// IPC handle types chained at creation (`ze_ipc_mem_handle_type_ext_desc_t`), if any;
     /// set by [`crate::ipc`] and gone with the record.
     pub(crate) ipc_types: Option<crate::spec::IpcHandleTypes>,
+    /// Imported from another export ([`VmState::insert_imported`]): charged to no capacity
+    /// (the exporter's object is).
+    pub(crate) imported: bool,
 }
 
 /// Per-device figures of the semantics layer.
@@ -443,10 +446,38 @@ impl VmState {
                 context,
                 mapped: 0,
                 charge,
+                imported: false,
                 ipc_types: None,
             },
         );
         Ok(PhysicalMemory { id, size })
+    }
+
+    /// Records `raw`, imported from an IPC export of a physical object (of this or another
+    /// process), as a physical object of `context`: mappable and destroyable like any other,
+    /// charged to no capacity (the exporter's object is).
+    pub(crate) fn insert_imported(
+        &mut self,
+        raw: RawPhysical,
+        context: u64,
+        location: PhysicalLocation,
+        size: usize,
+    ) -> PhysicalMemory {
+        let id = self.devmem.next_id();
+        self.physical.insert(
+            id,
+            PhysicalRec {
+                raw,
+                size,
+                location,
+                context,
+                mapped: 0,
+                charge: None,
+                ipc_types: None,
+                imported: true,
+            },
+        );
+        PhysicalMemory { id, size }
     }
 
     pub(crate) fn physical_of(&self, context: u64, id: u64) -> Result<&PhysicalRec> {
@@ -474,8 +505,8 @@ impl VmState {
         }
         let p = self.physical.remove(&id).expect("checked");
         // Device capacity comes back with the record's charge, unless an IPC export or view
-        // still holds it (`crate::capacity`).
-        if p.location == PhysicalLocation::Host {
+        // still holds it (`crate::semantics::capacity`); an imported object holds none.
+        if p.location == PhysicalLocation::Host && !p.imported {
             self.host_used -= p.size as u64;
         }
         // SAFETY: the object is not mapped and is forgotten here.

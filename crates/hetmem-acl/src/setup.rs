@@ -1,0 +1,398 @@
+//! Set-up calls: `aclInit`, `aclFinalize`, `aclrtGetVersion`, devices and contexts.
+//!
+//! As in ACL, the current context is per thread: `aclrtSetDevice(d)` makes device `d`'s
+//! default context current on the calling thread (creating it on the first call; each call
+//! counts, and `aclrtResetDevice` releases the default context and everything made in it when
+//! the count drops to 0); `aclrtCreateContext` makes a new context current;
+//! `aclrtSetCurrentContext` switches. The current device is the current context's device.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::state::{self, global, Ctx, Global, Registry};
+use crate::{entry, null, out, AclError, Fail, Res};
+
+/// The library's version: that of the CANN runtime headers whose calls it follows (1.17.0).
+pub const VERSION: (i32, i32, i32) = (1, 17, 0);
+
+/// `aclInit`: starts the library with the runtime chosen by the environment
+/// (`HETMEM_BACKEND`, `HETMEM_HOST_DEVICES`, `HETMEM_HOST_DEVICE_MEMORY`,
+/// `HETMEM_HOST_MAX_ALLOC`). `configPath` may be NULL or `""`; another path must name a
+/// readable file (its contents are not used).
+///
+/// Errors: `ACL_ERROR_REPEAT_INITIALIZE` (100002) while initialised; `ACL_ERROR_INVALID_FILE`
+/// (100003) for an unreadable configuration file; the runtime's error for a bad environment
+/// (`InvalidArgument`, 107000, naming the variable).
+#[no_mangle]
+pub unsafe extern "C" fn aclInit(config_path: *const libc::c_char) -> AclError {
+    entry("aclInit", || {
+        if !config_path.is_null() {
+            // SAFETY: a NUL-terminated string (the caller's contract).
+            let p = unsafe { std::ffi::CStr::from_ptr(config_path) }.to_string_lossy();
+            if !p.is_empty() {
+                std::fs::File::open(&*p).map_err(|e| {
+                    Fail::new(
+                        crate::ACL_ERROR_INVALID_FILE,
+                        format!("configuration file {p:?} cannot be read: {e}"),
+                    )
+                })?;
+            }
+        }
+        if state::global().is_ok() {
+            return Err(Fail::new(
+                crate::ACL_ERROR_REPEAT_INITIALIZE,
+                "aclInit was already called (call aclFinalize first)",
+            ));
+        }
+        let rt = hetmem::Runtime::from_env()?;
+        if !state::install(Global {
+            rt,
+            reg: Mutex::new(Registry::default()),
+        }) {
+            return Err(Fail::new(
+                crate::ACL_ERROR_REPEAT_INITIALIZE,
+                "aclInit was already called (by another thread)",
+            ));
+        }
+        Ok(())
+    })
+}
+
+/// `aclFinalize`: waits for every stream's work, then releases everything made since `aclInit`
+/// (contexts and all they own, streams, events, physical handles and their exports). Handles
+/// given out before stay invalid forever (they are never reused). `aclInit` may follow.
+///
+/// Errors: `ACL_ERROR_UNINITIALIZE` (100001) if not initialised.
+#[no_mangle]
+pub extern "C" fn aclFinalize() -> AclError {
+    entry("aclFinalize", || {
+        let g = state::take().ok_or_else(|| {
+            Fail::new(crate::ACL_ERROR_UNINITIALIZE, "aclFinalize without aclInit")
+        })?;
+        let reg = std::mem::take(&mut *g.reg.lock());
+        teardown(reg);
+        state::set_current(None);
+        Ok(())
+    })
+}
+
+/// Releases what a registry holds, outside any lock: streams first (their work finishes),
+/// exports, then reservations, physical handles and contexts.
+pub(crate) fn teardown(mut reg: Registry) {
+    for c in reg.contexts.values() {
+        c.alive.store(false, std::sync::atomic::Ordering::Release);
+    }
+    for (_, s) in reg.streams.drain() {
+        let _ = s.synchronize();
+    }
+    for (_, c) in reg.contexts.iter() {
+        if let Some(s) = c.default_stream.lock().take() {
+            let _ = s.synchronize();
+        }
+    }
+    for (_, p) in reg.phys.drain() {
+        p.unexport();
+    }
+    drop(reg);
+}
+
+/// `aclrtGetVersion`: writes 1, 17, 0. May be called before `aclInit`.
+///
+/// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for a null pointer.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtGetVersion(
+    major: *mut i32,
+    minor: *mut i32,
+    patch: *mut i32,
+) -> AclError {
+    entry("aclrtGetVersion", || {
+        if major.is_null() || minor.is_null() || patch.is_null() {
+            return Err(null("a version pointer"));
+        }
+        // SAFETY: non-null out-pointers (checked).
+        unsafe {
+            out(major, VERSION.0);
+            out(minor, VERSION.1);
+            out(patch, VERSION.2);
+        }
+        Ok(())
+    })
+}
+
+/// `aclrtGetDeviceCount`: the number of devices of the runtime (`HETMEM_HOST_DEVICES` on the
+/// host backend).
+///
+/// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for a null pointer.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtGetDeviceCount(count: *mut u32) -> AclError {
+    entry("aclrtGetDeviceCount", || {
+        let g = state::fast_global()?;
+        if count.is_null() {
+            return Err(null("count"));
+        }
+        // SAFETY: non-null out-pointer.
+        unsafe { out(count, g.rt.driver().devices().len() as u32) };
+        Ok(())
+    })
+}
+
+/// `aclrtGetRunMode`: `ACL_HOST` (1): the program runs on the host, next to the devices.
+///
+/// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for a null pointer.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtGetRunMode(mode: *mut u32) -> AclError {
+    entry("aclrtGetRunMode", || {
+        global()?;
+        if mode.is_null() {
+            return Err(null("runMode"));
+        }
+        // SAFETY: non-null out-pointer.
+        unsafe { out(mode, 1u32) };
+        Ok(())
+    })
+}
+
+fn new_ctx(g: &state::G, dev: hetmem::Device, default: bool) -> Res<Arc<Ctx>> {
+    let ctx = g.rt.driver().create_context()?;
+    Ok(Arc::new(Ctx {
+        global: g.arc(),
+        handle: state::fresh_handle(1),
+        dev,
+        ctx,
+        default,
+        default_stream: Mutex::new(None),
+        alive: std::sync::atomic::AtomicBool::new(true),
+    }))
+}
+
+/// `aclrtSetDevice`: makes device `deviceId`'s default context current on the calling thread,
+/// creating it on the device's first call (each call is counted for `aclrtResetDevice`).
+///
+/// Errors: `ACL_ERROR_RT_PARAM_INVALID` (107000) for an id that is not a device (negative or
+/// not below `aclrtGetDeviceCount`).
+#[no_mangle]
+pub extern "C" fn aclrtSetDevice(device_id: i32) -> AclError {
+    entry("aclrtSetDevice", || {
+        let g = state::fast_global()?;
+        let dev = g.device(device_id as i64)?;
+        let ord = dev.ordinal();
+        let mut reg = g.reg.lock();
+        let c = match reg.defaults.get_mut(&ord) {
+            Some((h, n)) => {
+                *n += 1;
+                let h = *h;
+                reg.contexts[&h].clone()
+            }
+            None => {
+                let c = new_ctx(&g, dev, true)?;
+                let h = c.handle;
+                reg.contexts.insert(h, c.clone());
+                reg.defaults.insert(ord, (h, 1));
+                c
+            }
+        };
+        drop(reg);
+        state::set_current(Some(&c));
+        Ok(())
+    })
+}
+
+/// `aclrtResetDevice`: undoes one `aclrtSetDevice(deviceId)`; the last one releases the
+/// device's default context and everything made in it (its streams, events, memory,
+/// reservations, physical handles), after its streams' work has finished. Threads whose current context it
+/// was have none afterwards (`ACL_ERROR_RT_CONTEXT_NULL`).
+///
+/// Errors: `ACL_ERROR_RT_PARAM_INVALID` (107000) for an id that is not a device, or a device
+/// that `aclrtSetDevice` has not been called for (or was reset as many times).
+#[no_mangle]
+pub extern "C" fn aclrtResetDevice(device_id: i32) -> AclError {
+    entry("aclrtResetDevice", || {
+        let g = state::fast_global()?;
+        let ord = g.device(device_id as i64)?.ordinal();
+        let mut reg = g.reg.lock();
+        let Some((h, n)) = reg.defaults.get_mut(&ord) else {
+            return Err(hetmem::Error::InvalidArgument(format!(
+                "device {device_id} has no default context to reset (aclrtSetDevice was not \
+                 called for it, or it was reset as many times)"
+            ))
+            .into());
+        };
+        *n -= 1;
+        if *n > 0 {
+            return Ok(());
+        }
+        let h = *h;
+        reg.defaults.remove(&ord);
+        let removed = remove_context(&mut reg, h);
+        drop(reg);
+        if state::current_handle() == h {
+            state::set_current(None);
+        }
+        teardown(removed);
+        Ok(())
+    })
+}
+
+/// Moves context `h` and everything made in it out of `reg` (to be torn down outside the lock).
+fn remove_context(reg: &mut Registry, h: usize) -> Registry {
+    let mut out = Registry::default();
+    if let Some(c) = reg.contexts.remove(&h) {
+        out.contexts.insert(h, c);
+    }
+    let streams: Vec<usize> = reg
+        .streams
+        .iter()
+        .filter(|(_, s)| s.ctx.handle == h)
+        .map(|(&k, _)| k)
+        .collect();
+    for k in streams {
+        out.streams
+            .insert(k, reg.streams.remove(&k).expect("listed"));
+    }
+    let events: Vec<usize> = reg
+        .events
+        .iter()
+        .filter(|(_, e)| e.ctx.handle == h)
+        .map(|(&k, _)| k)
+        .collect();
+    for k in events {
+        out.events.insert(k, reg.events.remove(&k).expect("listed"));
+    }
+    let phys: Vec<usize> = reg
+        .phys
+        .iter()
+        .filter(|(_, p)| p.ctx.handle == h)
+        .map(|(&k, _)| k)
+        .collect();
+    for k in phys {
+        let p = reg.phys.remove(&k).expect("listed");
+        reg.shareable.retain(|_, v| *v != k);
+        out.phys.insert(k, p);
+    }
+    let res: Vec<usize> = reg
+        .reservations
+        .iter()
+        .filter(|(_, r)| r.ctx.handle == h)
+        .map(|(&k, _)| k)
+        .collect();
+    for b in res {
+        let r = reg.reservations.remove(&b).expect("listed");
+        let end = b + r.r.size;
+        let maps: Vec<usize> = reg
+            .mappings
+            .keys()
+            .copied()
+            .filter(|k| (b..end).contains(k))
+            .collect();
+        for m in maps {
+            reg.mappings.remove(&m);
+        }
+        out.reservations.insert(b, r);
+    }
+    out
+}
+
+/// `aclrtGetDevice`: the calling thread's current device.
+///
+/// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for a null pointer; `ACL_ERROR_RT_CONTEXT_NULL`
+/// (107002) without a current context.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtGetDevice(device_id: *mut i32) -> AclError {
+    entry("aclrtGetDevice", || {
+        let g = state::fast_global()?;
+        if device_id.is_null() {
+            return Err(null("deviceId"));
+        }
+        let c = g.current()?;
+        // SAFETY: non-null out-pointer.
+        unsafe { out(device_id, c.dev.ordinal() as i32) };
+        Ok(())
+    })
+}
+
+/// `aclrtCreateContext`: a new context on device `deviceId`, made current on the calling
+/// thread.
+///
+/// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for a null pointer; `ACL_ERROR_RT_PARAM_INVALID`
+/// (107000) for an id that is not a device.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtCreateContext(
+    context: *mut *mut libc::c_void,
+    device_id: i32,
+) -> AclError {
+    entry("aclrtCreateContext", || {
+        let g = state::fast_global()?;
+        if context.is_null() {
+            return Err(null("context"));
+        }
+        let dev = g.device(device_id as i64)?;
+        let c = new_ctx(&g, dev, false)?;
+        let h = c.handle;
+        g.reg.lock().contexts.insert(h, c.clone());
+        state::set_current(Some(&c));
+        // SAFETY: non-null out-pointer.
+        unsafe { out(context, h as *mut libc::c_void) };
+        Ok(())
+    })
+}
+
+/// `aclrtDestroyContext`: releases a context made by `aclrtCreateContext` and everything made
+/// in it (streams, events, memory, reservations, physical handles; after its streams' work). Threads whose current context it was have none afterwards.
+///
+/// Errors: `ACL_ERROR_RT_PARAM_INVALID` (107000) for a handle that is not a live context, or a
+/// device's default context (released by `aclrtResetDevice`).
+#[no_mangle]
+pub extern "C" fn aclrtDestroyContext(context: *mut libc::c_void) -> AclError {
+    entry("aclrtDestroyContext", || {
+        let g = state::fast_global()?;
+        let h = context as usize;
+        let c = g.context(h)?;
+        if c.default {
+            return Err(hetmem::Error::InvalidArgument(format!(
+                "context {h:#x} is the default context of device {}; aclrtResetDevice releases it",
+                c.dev.ordinal()
+            ))
+            .into());
+        }
+        let removed = remove_context(&mut g.reg.lock(), h);
+        if state::current_handle() == h {
+            state::set_current(None);
+        }
+        teardown(removed);
+        Ok(())
+    })
+}
+
+/// `aclrtSetCurrentContext`: makes `context` current on the calling thread (and its device the
+/// current device).
+///
+/// Errors: `ACL_ERROR_RT_PARAM_INVALID` (107000) for a handle that is not a live context
+/// (`ACL_ERROR_INVALID_PARAM` for NULL).
+#[no_mangle]
+pub extern "C" fn aclrtSetCurrentContext(context: *mut libc::c_void) -> AclError {
+    entry("aclrtSetCurrentContext", || {
+        let g = state::fast_global()?;
+        let c = g.context(context as usize)?;
+        state::set_current(Some(&c));
+        Ok(())
+    })
+}
+
+/// `aclrtGetCurrentContext`: the calling thread's current context.
+///
+/// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for a null pointer; `ACL_ERROR_RT_CONTEXT_NULL`
+/// (107002) without one.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtGetCurrentContext(context: *mut *mut libc::c_void) -> AclError {
+    entry("aclrtGetCurrentContext", || {
+        let g = state::fast_global()?;
+        if context.is_null() {
+            return Err(null("context"));
+        }
+        let c = g.current()?;
+        // SAFETY: non-null out-pointer.
+        unsafe { out(context, c.handle as *mut libc::c_void) };
+        Ok(())
+    })
+}

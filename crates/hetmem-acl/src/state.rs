@@ -1,0 +1,325 @@
+//! The library's state: the runtime made by `aclInit`, the registry of every handle given to C,
+//! and the per-thread current context.
+//!
+//! Handles are numbers, unique for the life of the process (a handle is never reused, not even
+//! after `aclFinalize` and a new `aclInit`), looked up in one table per kind: a stale, foreign
+//! or random handle is simply not found (`ACL_ERROR_RT_PARAM_INVALID`). The registry lock is
+//! held only to look up, insert or remove; hetmem is always called with it released, so a
+//! blocking call (a stream synchronize waiting for an event another thread records) never holds
+//! up other threads.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+
+use crate::stream::{AclEvent, AclStream};
+use crate::vmm::Phys;
+use crate::{Fail, Res, ACL_ERROR_RT_CONTEXT_NULL, ACL_ERROR_UNINITIALIZE};
+
+/// A fast hasher for handle keys (unique integers, not attacker-chosen hash-flooding input):
+/// one multiply per word (the Fx hash).
+#[derive(Default, Clone, Copy)]
+pub struct HandleHasher(u64);
+
+impl Hasher for HandleHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(v as u64)
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64)
+    }
+}
+
+/// A map keyed by handles.
+pub type HashMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<HandleHasher>>;
+
+/// An ACL context (`aclrtContext`): a hetmem context on one device.
+#[derive(Debug)]
+pub struct Ctx {
+    /// The handle given to C.
+    pub handle: usize,
+    /// Its device.
+    pub dev: hetmem::Device,
+    /// The hetmem context owning everything made in it.
+    pub ctx: hetmem::Context,
+    /// Whether this is the default context of its device (made by `aclrtSetDevice`), which
+    /// `aclrtDestroyContext` refuses.
+    pub default: bool,
+    /// The default stream (`stream == NULL`), made on first use.
+    pub default_stream: Mutex<Option<Arc<AclStream>>>,
+    /// Cleared when the context is destroyed (its device reset, `aclrtDestroyContext`,
+    /// `aclFinalize`): threads holding it as current see that at once.
+    pub alive: AtomicBool,
+    /// The library instance it belongs to: reached from the calling thread's current context
+    /// without taking the global lock ([`fast_global`]). (The registry holds the context and the
+    /// context holds the instance; `aclFinalize`, `aclrtResetDevice` and `aclrtDestroyContext`
+    /// take contexts out of the registry, which breaks that cycle.)
+    pub global: Arc<Global>,
+}
+
+/// A reservation made by `aclrtReserveMemAddress`.
+#[derive(Debug)]
+pub struct Reserved {
+    /// The context it was made in.
+    pub ctx: Arc<Ctx>,
+    /// The hetmem reservation.
+    pub r: hetmem::Reservation,
+}
+
+/// Every handle the library has given out, by kind.
+#[derive(Debug, Default)]
+pub struct Registry {
+    /// Contexts by handle.
+    pub contexts: HashMap<usize, Arc<Ctx>>,
+    /// Default context handle and `aclrtSetDevice` count, by device.
+    pub defaults: HashMap<u32, (usize, u64)>,
+    /// Streams by handle.
+    pub streams: HashMap<usize, Arc<AclStream>>,
+    /// Events by handle.
+    pub events: HashMap<usize, Arc<AclEvent>>,
+    /// Physical memory handles by handle.
+    pub phys: HashMap<usize, Arc<Phys>>,
+    /// Reservations by base address.
+    pub reservations: BTreeMap<usize, Reserved>,
+    /// Mappings made by `aclrtMapMem`: start -> (size, the context of the physical memory).
+    pub mappings: HashMap<usize, (usize, Arc<Ctx>)>,
+    /// Shareable handles exported by this process -> physical handle.
+    pub shareable: HashMap<u64, usize>,
+}
+
+/// What `aclInit` starts.
+#[derive(Debug)]
+pub struct Global {
+    /// The runtime (backend and driver) chosen by the environment.
+    pub rt: hetmem::Runtime,
+    /// The registry.
+    pub reg: Mutex<Registry>,
+}
+
+static GLOBAL: Mutex<Option<Arc<Global>>> = Mutex::new(None);
+static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
+
+/// A fresh handle value: never 0, never reused, 16-aligned (so it looks like a pointer to C
+/// code that prints it), tagged with `kind` (1 context, 2 stream, 3 event, 4 physical memory)
+/// in its low bits: a handle of one kind is never found among another kind.
+pub fn fresh_handle(kind: usize) -> usize {
+    (0x6a00_0000 + NEXT_HANDLE.fetch_add(1, Ordering::Relaxed)) << 4 | kind
+}
+
+/// The running library, or `ACL_ERROR_UNINITIALIZE`.
+pub fn global() -> Res<Arc<Global>> {
+    GLOBAL.lock().clone().ok_or_else(|| {
+        Fail::new(
+            ACL_ERROR_UNINITIALIZE,
+            "the library is not initialised: call aclInit first",
+        )
+    })
+}
+
+/// The running library as an entry point reaches it: through the calling thread's live current
+/// context when it has one (two atomic operations, no lock), else through the global slot.
+/// Dereferences to [`Global`].
+pub enum G {
+    /// Reached through the current context (which [`G::current`] then answers).
+    Ctx(Arc<Ctx>),
+    /// Reached through the global slot.
+    Global(Arc<Global>),
+}
+
+impl std::ops::Deref for G {
+    type Target = Global;
+    fn deref(&self) -> &Global {
+        match self {
+            G::Ctx(c) => &c.global,
+            G::Global(g) => g,
+        }
+    }
+}
+
+impl G {
+    /// The calling thread's current context (see [`Global::current`]).
+    pub fn current(&self) -> Res<Arc<Ctx>> {
+        match self {
+            G::Ctx(c) => Ok(c.clone()),
+            G::Global(g) => g.current(),
+        }
+    }
+    /// The instance itself.
+    pub fn arc(&self) -> Arc<Global> {
+        match self {
+            G::Ctx(c) => c.global.clone(),
+            G::Global(g) => g.clone(),
+        }
+    }
+}
+
+/// The running library (see [`G`]), or `ACL_ERROR_UNINITIALIZE`.
+pub fn fast_global() -> Res<G> {
+    let c = CURRENT.with(|c| c.borrow().1.upgrade());
+    match c {
+        Some(c) if c.alive.load(Ordering::Acquire) => Ok(G::Ctx(c)),
+        _ => Ok(G::Global(global()?)),
+    }
+}
+
+/// Installs `g` (aclInit); false if one is running.
+pub fn install(g: Global) -> bool {
+    let mut s = GLOBAL.lock();
+    if s.is_some() {
+        return false;
+    }
+    *s = Some(Arc::new(g));
+    true
+}
+
+/// Takes the running library out (aclFinalize).
+pub fn take() -> Option<Arc<Global>> {
+    GLOBAL.lock().take()
+}
+
+thread_local! {
+    /// The calling thread's current context: its handle (0: none) and a weak reference (which
+    /// keeps nothing alive: a destroyed context's memory goes at once).
+    static CURRENT: RefCell<(usize, Weak<Ctx>)> = const { RefCell::new((0, Weak::new())) };
+}
+
+/// Sets the calling thread's current context (`None` clears it).
+pub fn set_current(c: Option<&Arc<Ctx>>) {
+    CURRENT.with(|cur| {
+        *cur.borrow_mut() = match c {
+            Some(c) => (c.handle, Arc::downgrade(c)),
+            None => (0, Weak::new()),
+        }
+    });
+}
+
+/// The calling thread's current context handle (0: none).
+pub fn current_handle() -> usize {
+    CURRENT.with(|c| c.borrow().0)
+}
+
+impl Global {
+    /// The device with ACL id `id`.
+    ///
+    /// Errors: `InvalidArgument` (107000) naming the id and the device count.
+    pub fn device(&self, id: i64) -> Res<hetmem::Device> {
+        let n = self.rt.driver().devices().len();
+        u32::try_from(id)
+            .ok()
+            .and_then(|i| self.rt.driver().device(i))
+            .ok_or_else(|| {
+                hetmem::Error::InvalidArgument(format!(
+                    "device id {id} is not a device (this runtime has {n}: 0..={})",
+                    n as i64 - 1
+                ))
+                .into()
+            })
+    }
+
+    /// The calling thread's current context.
+    ///
+    /// Errors: `ACL_ERROR_RT_CONTEXT_NULL` (107002) if there is none or it was destroyed (its
+    /// device reset).
+    pub fn current(&self) -> Res<Arc<Ctx>> {
+        let (h, c) = CURRENT.with(|c| {
+            let c = c.borrow();
+            (c.0, c.1.upgrade())
+        });
+        c.filter(|c| c.alive.load(Ordering::Acquire))
+            .ok_or_else(|| {
+                Fail::new(
+                    ACL_ERROR_RT_CONTEXT_NULL,
+                    if h == 0 {
+                        "the calling thread has no current context: call aclrtSetDevice, \
+                     aclrtCreateContext or aclrtSetCurrentContext first"
+                            .to_string()
+                    } else {
+                        format!(
+                        "the calling thread's current context {h:#x} was destroyed (its device \
+                         reset or the context destroyed)"
+                    )
+                    },
+                )
+            })
+    }
+
+    /// The context `h`.
+    ///
+    /// Errors: `InvalidArgument` (107000) for a handle that is not a live context.
+    pub fn context(&self, h: usize) -> Res<Arc<Ctx>> {
+        self.reg
+            .lock()
+            .contexts
+            .get(&h)
+            .cloned()
+            .ok_or_else(|| bad_handle("context", h))
+    }
+
+    /// The stream `h`; `0` (NULL) is the current context's default stream.
+    ///
+    /// Errors: `InvalidArgument` (107000) for a handle that is not a live stream;
+    /// `ACL_ERROR_RT_CONTEXT_NULL` for NULL without a current context.
+    pub fn stream(&self, h: usize) -> Res<Arc<AclStream>> {
+        if h == 0 {
+            let ctx = self.current()?;
+            return crate::stream::default_stream(self, &ctx);
+        }
+        self.reg
+            .lock()
+            .streams
+            .get(&h)
+            .cloned()
+            .ok_or_else(|| bad_handle("stream", h))
+    }
+
+    /// The event `h`.
+    ///
+    /// Errors: `InvalidArgument` (107000) for a handle that is not a live event.
+    pub fn event(&self, h: usize) -> Res<Arc<AclEvent>> {
+        self.reg
+            .lock()
+            .events
+            .get(&h)
+            .cloned()
+            .ok_or_else(|| bad_handle("event", h))
+    }
+
+    /// The physical memory handle `h`.
+    ///
+    /// Errors: `InvalidArgument` (107000) for a handle that is not a live physical handle.
+    pub fn phys(&self, h: usize) -> Res<Arc<Phys>> {
+        self.reg
+            .lock()
+            .phys
+            .get(&h)
+            .cloned()
+            .ok_or_else(|| bad_handle("physical memory handle", h))
+    }
+}
+
+/// An unknown, destroyed or foreign handle: `InvalidArgument` (107000).
+pub fn bad_handle(kind: &str, h: usize) -> Fail {
+    if h == 0 {
+        return crate::null(kind);
+    }
+    hetmem::Error::InvalidArgument(format!(
+        "{kind} {h:#x} is not a live {kind} of this library (unknown, destroyed or another kind \
+         of handle)"
+    ))
+    .into()
+}

@@ -1,0 +1,663 @@
+//! ACL virtual memory over hetmem's virtual-memory and IPC core (the calls LLM servers use to
+//! sleep and wake model memory at fixed addresses): `aclrtMemGetAllocationGranularity`,
+//! `aclrtReserveMemAddress`, `aclrtReleaseMemAddress`, `aclrtMallocPhysical`,
+//! `aclrtFreePhysical`, `aclrtMapMem`, `aclrtUnmapMem`, `aclrtMemExportToShareableHandle`,
+//! `aclrtMemSetPidToShareableHandle`, `aclrtMemImportFromShareableHandle`.
+//!
+//! Sizes, alignment and mapping rules are hetmem's ([`hetmem::Context::reserve`],
+//! [`hetmem::Context::map`], ...): the granularity this library reports is the page size
+//! hetmem answers for 2 MiB ([`hetmem::Context::query_page_size`]), so programs that size
+//! everything in multiples of it follow the rules.
+//!
+//! # Shareable handles
+//! ACL's shareable handle is a `uint64_t` that another process imports. A hetmem IPC handle is
+//! 64 bytes carrying a secret token, so it cannot travel inside 64 bits: the exporter writes it
+//! (with the export flags and the pid whitelist of `aclrtMemSetPidToShareableHandle`) to a file
+//! of its own, `/dev/shm/hetmem-acl-shareable.<pid>.<n>` (mode 0600, so only processes of the
+//! same user read it; `/tmp` where `/dev/shm` is missing), and the `uint64_t` is `pid << 32 |
+//! n`. The importer reads the file and opens the handle through hetmem's IPC transport (the
+//! exporter's broker checks the token). The file goes with `aclrtFreePhysical` of the exported
+//! handle, `aclrtResetDevice` / `aclrtDestroyContext` of its context, `aclFinalize`, and at the
+//! exporter's exit (`atexit`; a process killed by a signal leaves its files). Unless exported
+//! with `ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION`, only the exporter and the processes
+//! `aclrtMemSetPidToShareableHandle` names may import. The pid list is honoured by this
+//! library's import; it is not a security boundary against another process of the same user
+//! (the file and hetmem's IPC broker admit any process of the exporter's uid, which is the
+//! boundary).
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::state::{self, Ctx, Reserved};
+use crate::{entry, null, out, AclError, Fail, Res};
+
+/// `aclrtPhysicalMemProp` (32 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AclPhysicalMemProp {
+    /// `aclrtMemHandleType`: NONE (0) or POSIX (2).
+    pub handle_type: u32,
+    /// `aclrtMemAllocationType`: PINNED (0).
+    pub allocation_type: u32,
+    /// `aclrtMemAttr` (0..=17).
+    pub mem_attr: u32,
+    /// `aclrtMemLocation.id`.
+    pub location_id: u32,
+    /// `aclrtMemLocation.type`: DEVICE (1), or HOST (0) for host physical memory.
+    pub location_type: u32,
+    /// `reserve`.
+    pub reserve: u64,
+}
+
+/// `ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION`.
+pub const EXPORT_FLAG_DISABLE_PID_VALIDATION: u64 = 0x1;
+const FILE_MAGIC: &[u8; 8] = b"HMACLSH1";
+
+/// An export of a physical handle: its shareable value, hetmem handle and file.
+#[derive(Debug)]
+struct Export {
+    shareable: u64,
+    handle: hetmem::IpcHandle,
+    flags: u64,
+    path: PathBuf,
+}
+
+/// A physical memory handle (`aclrtDrvMemHandle`).
+#[derive(Debug)]
+pub struct Phys {
+    /// The handle given to C.
+    pub handle: usize,
+    /// The context that made or imported it.
+    pub ctx: Arc<Ctx>,
+    /// The hetmem physical memory object.
+    pub mem: hetmem::PhysicalMemory,
+    export: Mutex<Option<Export>>,
+}
+
+impl Phys {
+    /// Ends the export, if any: the file goes and the hetmem handle is put (importers keep what
+    /// they imported).
+    pub fn unexport(&self) {
+        if let Some(e) = self.export.lock().take() {
+            let _ = std::fs::remove_file(&e.path);
+            LIVE_FILES.lock().retain(|p| *p != e.path);
+            let _ = self.ctx.ctx.put_ipc_handle(&e.handle);
+        }
+    }
+}
+
+/// Shareable-handle files of this process not yet removed, for [`remove_files_at_exit`].
+static LIVE_FILES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Registered with `atexit(3)` at the first export: a process that exits without freeing its
+/// exported handles (or `aclFinalize`) leaves no file behind. Only files named with this
+/// process's pid go (a forked child that exits leaves its parent's alone).
+extern "C" fn remove_files_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        let me = format!(".{}.", std::process::id());
+        if let Some(files) = LIVE_FILES.try_lock() {
+            for p in files.iter() {
+                if p.to_string_lossy().contains(&me) {
+                    let _ = std::fs::remove_file(p);
+                }
+            }
+        }
+    });
+}
+
+fn track_file(path: &std::path::Path) {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| {
+        // SAFETY: registers a plain extern "C" function with no arguments.
+        unsafe { libc::atexit(remove_files_at_exit) };
+    });
+    LIVE_FILES.lock().push(path.to_path_buf());
+}
+
+impl Drop for Phys {
+    fn drop(&mut self) {
+        self.unexport();
+    }
+}
+
+fn share_dir() -> PathBuf {
+    let shm = PathBuf::from("/dev/shm");
+    if shm.is_dir() {
+        shm
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+fn share_path(shareable: u64) -> PathBuf {
+    share_dir().join(format!(
+        "hetmem-acl-shareable.{}.{}",
+        shareable >> 32,
+        shareable & 0xffff_ffff
+    ))
+}
+
+fn write_share_file(path: &PathBuf, flags: u64, h: &hetmem::IpcHandle, pids: &[i32]) -> Res {
+    let mut b = Vec::with_capacity(8 + 8 + 64 + 4 + 4 * pids.len());
+    b.extend_from_slice(FILE_MAGIC);
+    b.extend_from_slice(&flags.to_le_bytes());
+    b.extend_from_slice(h.as_bytes());
+    b.extend_from_slice(&(pids.len() as u32).to_le_bytes());
+    for p in pids {
+        b.extend_from_slice(&p.to_le_bytes());
+    }
+    // Unique per export (the final name is), so concurrent exports never share it.
+    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
+    let io = |e: std::io::Error| -> Fail {
+        hetmem::Error::OutOfHostMemory(format!("writing shareable handle file {tmp:?}: {e}")).into()
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io)?;
+    f.write_all(&b).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)?;
+    Ok(())
+}
+
+/// `(flags, handle, pids)` of a shareable handle's file.
+fn read_share_file(shareable: u64) -> Res<(u64, hetmem::IpcHandle, Vec<i32>)> {
+    let path = share_path(shareable);
+    let bad = |why: String| -> Fail {
+        hetmem::Error::InvalidArgument(format!(
+            "shareable handle {shareable:#x} cannot be imported: {why}"
+        ))
+        .into()
+    };
+    let b = std::fs::read(&path).map_err(|e| {
+        bad(format!(
+            "{path:?}: {e} (not exported, or its physical memory was freed)"
+        ))
+    })?;
+    if b.len() < 84 || &b[..8] != FILE_MAGIC {
+        return Err(bad(format!("{path:?} is not a shareable handle file")));
+    }
+    let flags = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
+    let mut raw = [0u8; 64];
+    raw.copy_from_slice(&b[16..80]);
+    let n = u32::from_le_bytes(b[80..84].try_into().expect("4 bytes")) as usize;
+    if b.len() != 84 + 4 * n {
+        return Err(bad(format!("{path:?} is truncated")));
+    }
+    let pids = b[84..]
+        .chunks(4)
+        .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect();
+    Ok((flags, hetmem::IpcHandle::from_bytes(raw), pids))
+}
+
+static NEXT_SHAREABLE: AtomicU32 = AtomicU32::new(1);
+
+fn check_prop(g: &state::Global, prop: &AclPhysicalMemProp) -> Res<Option<hetmem::Device>> {
+    if prop.handle_type != 0 && prop.handle_type != 2 {
+        return Err(hetmem::Error::UnsupportedEnumeration(format!(
+            "handleType {} is not an aclrtMemHandleType (NONE 0, POSIX 2)",
+            prop.handle_type
+        ))
+        .into());
+    }
+    if prop.allocation_type != 0 {
+        return Err(hetmem::Error::UnsupportedEnumeration(format!(
+            "allocationType {} is not ACL_MEM_ALLOCATION_TYPE_PINNED (0)",
+            prop.allocation_type
+        ))
+        .into());
+    }
+    if prop.mem_attr > 17 {
+        return Err(hetmem::Error::UnsupportedEnumeration(format!(
+            "memAttr {} is not an aclrtMemAttr (0..=17)",
+            prop.mem_attr
+        ))
+        .into());
+    }
+    match prop.location_type {
+        1 => Ok(Some(g.device(prop.location_id as i64)?)),
+        0 => Ok(None),
+        t => Err(hetmem::Error::UnsupportedEnumeration(format!(
+            "location.type {t} is not DEVICE (1) or HOST (0) for physical memory"
+        ))
+        .into()),
+    }
+}
+
+/// `aclrtMemGetAllocationGranularity`: the size and alignment unit of reservations, physical
+/// memory and mappings on `prop`'s device: the page size hetmem answers for 2 MiB (2 MiB on
+/// the host backend), for both MINIMUM and RECOMMENDED.
+///
+/// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for a null pointer; `ACL_ERROR_RT_PARAM_INVALID`
+/// (107000) for an option that is not MINIMUM (0) or RECOMMENDED (1), or a property out of
+/// range (handle type, allocation type, memAttr, location type, device id).
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMemGetAllocationGranularity(
+    prop: *const AclPhysicalMemProp,
+    option: u32,
+    granularity: *mut usize,
+) -> AclError {
+    entry("aclrtMemGetAllocationGranularity", || {
+        let g = state::fast_global()?;
+        if prop.is_null() || granularity.is_null() {
+            return Err(null(if prop.is_null() {
+                "prop"
+            } else {
+                "granularity"
+            }));
+        }
+        // SAFETY: non-null, the caller's struct.
+        let p = unsafe { prop.read_unaligned() };
+        let dev = check_prop(&g, &p)?;
+        if option > 1 {
+            return Err(hetmem::Error::UnsupportedEnumeration(format!(
+                "option {option:#x} is not ACL_RT_MEM_ALLOC_GRANULARITY_MINIMUM (0) or \
+                 RECOMMENDED (1)"
+            ))
+            .into());
+        }
+        let c = g.current()?;
+        let dev = dev.unwrap_or_else(|| c.dev.clone());
+        let page = c.ctx.query_page_size(&dev, 2 << 20)?;
+        // SAFETY: non-null out-pointer.
+        unsafe { out(granularity, page) };
+        Ok(())
+    })
+}
+
+/// `aclrtReserveMemAddress`: reserves `size` bytes of virtual address space in the current
+/// context (inaccessible until mapped), aligned to the granularity. `expectPtr` is a hint:
+/// used when aligned and free, otherwise another address is chosen. `alignment` 0 or a power
+/// of two up to the granularity (every reservation is aligned to it); `flags` is not used.
+///
+/// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for a null `virPtr` or size 0;
+/// `ACL_ERROR_RT_PARAM_INVALID` (107000) for a size that is not a multiple of the page size for
+/// it, or another alignment; 207001 when the address space is exhausted.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtReserveMemAddress(
+    vir_ptr: *mut *mut libc::c_void,
+    size: usize,
+    alignment: usize,
+    expect_ptr: *mut libc::c_void,
+    _flags: u64,
+) -> AclError {
+    entry("aclrtReserveMemAddress", || {
+        let g = state::fast_global()?;
+        if vir_ptr.is_null() {
+            return Err(null("virPtr"));
+        }
+        if size == 0 {
+            return Err(hetmem::Error::InvalidSize("size is 0".into()).into());
+        }
+        let c = g.current()?;
+        let page = c.ctx.query_page_size(&c.dev, size)?;
+        if alignment != 0 && (!alignment.is_power_of_two() || alignment > page) {
+            return Err(hetmem::Error::InvalidArgument(format!(
+                "alignment {alignment:#x} is not 0 or a power of two up to the page size \
+                 {page:#x} for this size"
+            ))
+            .into());
+        }
+        let hint = (!expect_ptr.is_null()).then_some(expect_ptr as usize);
+        let r = c.ctx.reserve(hint, size)?;
+        let base = r.base;
+        g.reg
+            .lock()
+            .reservations
+            .insert(base, Reserved { ctx: c, r });
+        // SAFETY: non-null out-pointer.
+        unsafe { out(vir_ptr, base as *mut libc::c_void) };
+        Ok(())
+    })
+}
+
+/// `aclrtReleaseMemAddress`: releases a reservation (its mappings are unmapped first; the
+/// physical memory stays).
+///
+/// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for NULL; `ACL_ERROR_RT_PARAM_INVALID` (107000)
+/// for anything but the base of a live reservation of this library.
+#[no_mangle]
+pub extern "C" fn aclrtReleaseMemAddress(vir_ptr: *mut libc::c_void) -> AclError {
+    entry("aclrtReleaseMemAddress", || {
+        let g = state::fast_global()?;
+        let p = vir_ptr as usize;
+        if p == 0 {
+            return Err(null("virPtr"));
+        }
+        let mut reg = g.reg.lock();
+        let Some(r) = reg.reservations.remove(&p) else {
+            return Err(hetmem::Error::InvalidArgument(format!(
+                "{p:#x} is not the base of a reservation of aclrtReserveMemAddress"
+            ))
+            .into());
+        };
+        let maps: Vec<usize> = reg
+            .mappings
+            .keys()
+            .copied()
+            .filter(|k| (p..p + r.r.size).contains(k))
+            .collect();
+        drop(reg);
+        if let Err(e) = r.ctx.ctx.free(r.r.base, r.r.size) {
+            g.reg.lock().reservations.insert(p, r);
+            return Err(e.into());
+        }
+        let mut reg = g.reg.lock();
+        for m in maps {
+            reg.mappings.remove(&m);
+        }
+        Ok(())
+    })
+}
+
+/// `aclrtMallocPhysical`: `size` bytes of physical memory on `prop`'s device (DEVICE location)
+/// or in host memory (HOST location), charged to the device's capacity; `size` a multiple of
+/// the granularity.
+///
+/// Errors (`*handle` unchanged): `ACL_ERROR_INVALID_PARAM` (100000) for a null pointer, size 0
+/// or flags other than 0; `ACL_ERROR_RT_PARAM_INVALID` (107000) for a property out of range or
+/// a size that is not a multiple of the page size for it; 207001 when the device is full.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMallocPhysical(
+    handle: *mut *mut libc::c_void,
+    size: usize,
+    prop: *const AclPhysicalMemProp,
+    flags: u64,
+) -> AclError {
+    entry("aclrtMallocPhysical", || {
+        let g = state::fast_global()?;
+        if handle.is_null() || prop.is_null() {
+            return Err(null(if handle.is_null() { "handle" } else { "prop" }));
+        }
+        if size == 0 {
+            return Err(hetmem::Error::InvalidSize("size is 0".into()).into());
+        }
+        if flags != 0 {
+            return Err(
+                hetmem::Error::InvalidEnumeration(format!("flags {flags:#x} must be 0")).into(),
+            );
+        }
+        // SAFETY: non-null, the caller's struct.
+        let p = unsafe { prop.read_unaligned() };
+        let dev = check_prop(&g, &p)?;
+        let c = g.current()?;
+        let mem = match &dev {
+            Some(d) => c.ctx.create_physical_memory(
+                Some(d),
+                hetmem::PhysicalMemoryFlags::AllocateOnDevice,
+                size,
+            )?,
+            None => c.ctx.create_physical_memory(
+                None,
+                hetmem::PhysicalMemoryFlags::AllocateOnHost,
+                size,
+            )?,
+        };
+        let h = register(&g, c, mem);
+        // SAFETY: non-null out-pointer.
+        unsafe { out(handle, h as *mut libc::c_void) };
+        Ok(())
+    })
+}
+
+fn register(g: &state::Global, ctx: Arc<Ctx>, mem: hetmem::PhysicalMemory) -> usize {
+    let h = state::fresh_handle(4);
+    g.reg.lock().phys.insert(
+        h,
+        Arc::new(Phys {
+            handle: h,
+            ctx,
+            mem,
+            export: Mutex::new(None),
+        }),
+    );
+    h
+}
+
+/// `aclrtFreePhysical`: releases physical memory (made or imported); its export, if any, ends
+/// (processes that imported it keep their memory).
+///
+/// Errors: `ACL_ERROR_RT_PARAM_INVALID` (107000) for a handle that is not live, or memory still
+/// mapped (unmap it first; nothing changes).
+#[no_mangle]
+pub extern "C" fn aclrtFreePhysical(handle: *mut libc::c_void) -> AclError {
+    entry("aclrtFreePhysical", || {
+        let g = state::fast_global()?;
+        let h = handle as usize;
+        let p = g.phys(h)?;
+        p.ctx.ctx.destroy_physical_memory(p.mem)?;
+        let mut reg = g.reg.lock();
+        reg.phys.remove(&h);
+        reg.shareable.retain(|_, v| *v != h);
+        drop(reg);
+        p.unexport();
+        Ok(())
+    })
+}
+
+/// `aclrtMapMem`: maps `[offset, offset+size)` of the physical memory at `virPtr`, inside a
+/// reservation, readable and writable; one mapping per `virPtr` (`aclrtUnmapMem` takes it).
+///
+/// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for NULL or flags other than 0;
+/// `ACL_ERROR_RT_PARAM_INVALID` (107000) for a handle that is not live, a size not a multiple
+/// of the page size for it, a range not inside one reservation or overlapping a mapping, or
+/// past the end of the physical memory; `ACL_ERROR_RT_ADDR_UNALIGNED` (107008) for an address
+/// or offset not aligned to the page size.
+#[no_mangle]
+pub extern "C" fn aclrtMapMem(
+    vir_ptr: *mut libc::c_void,
+    size: usize,
+    offset: usize,
+    handle: *mut libc::c_void,
+    flags: u64,
+) -> AclError {
+    entry("aclrtMapMem", || {
+        let g = state::fast_global()?;
+        if vir_ptr.is_null() {
+            return Err(null("virPtr"));
+        }
+        if flags != 0 {
+            return Err(
+                hetmem::Error::InvalidEnumeration(format!("flags {flags:#x} must be 0")).into(),
+            );
+        }
+        let va = vir_ptr as usize;
+        // One hold of the registry: map never waits for device work, so holding it is short.
+        let mut reg = g.reg.lock();
+        let h = handle as usize;
+        let p = reg
+            .phys
+            .get(&h)
+            .ok_or_else(|| state::bad_handle("physical memory handle", h))?;
+        p.ctx
+            .ctx
+            .map(va, size, p.mem, offset, hetmem::AccessAttribute::ReadWrite)?;
+        let ctx = p.ctx.clone();
+        reg.mappings.insert(va, (size, ctx));
+        Ok(())
+    })
+}
+
+/// `aclrtUnmapMem`: unmaps the mapping `aclrtMapMem` made at `virPtr` (the pages stay
+/// reserved, inaccessible; the physical memory stays). Waits for stream work using the
+/// reservation.
+///
+/// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for NULL; `ACL_ERROR_RT_PARAM_INVALID` (107000)
+/// for an address where `aclrtMapMem` did not map.
+#[no_mangle]
+pub extern "C" fn aclrtUnmapMem(vir_ptr: *mut libc::c_void) -> AclError {
+    entry("aclrtUnmapMem", || {
+        let g = state::fast_global()?;
+        let va = vir_ptr as usize;
+        if va == 0 {
+            return Err(null("virPtr"));
+        }
+        // Taken out first (one hold of the registry), put back if the unmap is refused; the
+        // unmap itself may wait for device work, so it runs with the registry released.
+        let (size, ctx) = g.reg.lock().mappings.remove(&va).ok_or_else(|| {
+            Fail::from(hetmem::Error::InvalidArgument(format!(
+                "{va:#x} is not an address aclrtMapMem mapped"
+            )))
+        })?;
+        if let Err(e) = ctx.ctx.unmap(va, size) {
+            g.reg.lock().mappings.insert(va, (size, ctx));
+            return Err(e.into());
+        }
+        Ok(())
+    })
+}
+
+/// `aclrtMemExportToShareableHandle`: a `uint64_t` another process (of the same user) imports
+/// with `aclrtMemImportFromShareableHandle` (see the module docs). One export per handle.
+///
+/// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for a null pointer or flags other than DEFAULT (0)
+/// / DISABLE_PID_VALIDATION (1); `ACL_ERROR_RT_PARAM_INVALID` (107000) for a handle that is not
+/// live or already exported, or a handle type other than NONE (0) / POSIX (2).
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMemExportToShareableHandle(
+    handle: *mut libc::c_void,
+    handle_type: u32,
+    flags: u64,
+    shareable: *mut u64,
+) -> AclError {
+    entry("aclrtMemExportToShareableHandle", || {
+        let g = state::fast_global()?;
+        if shareable.is_null() {
+            return Err(null("shareableHandle"));
+        }
+        let p = g.phys(handle as usize)?;
+        if handle_type != 0 && handle_type != 2 {
+            return Err(hetmem::Error::UnsupportedEnumeration(format!(
+                "handleType {handle_type} is not an aclrtMemHandleType (NONE 0, POSIX 2)"
+            ))
+            .into());
+        }
+        if flags > EXPORT_FLAG_DISABLE_PID_VALIDATION {
+            return Err(hetmem::Error::InvalidEnumeration(format!(
+                "flags {flags:#x} are not ACL_RT_VMM_EXPORT_FLAG_DEFAULT (0) or \
+                 DISABLE_PID_VALIDATION (1)"
+            ))
+            .into());
+        }
+        let mut ex = p.export.lock();
+        if let Some(e) = &*ex {
+            return Err(hetmem::Error::InvalidArgument(format!(
+                "physical handle {:#x} is already exported as {:#x} (one shareable handle per \
+                 handle)",
+                p.handle, e.shareable
+            ))
+            .into());
+        }
+        let h = p.ctx.ctx.get_physical_memory_ipc_handle(p.mem, None)?;
+        let s = (std::process::id() as u64) << 32
+            | NEXT_SHAREABLE.fetch_add(1, Ordering::Relaxed) as u64;
+        let path = share_path(s);
+        if let Err(e) = write_share_file(&path, flags, &h, &[]) {
+            let _ = p.ctx.ctx.put_ipc_handle(&h);
+            return Err(e);
+        }
+        track_file(&path);
+        *ex = Some(Export {
+            shareable: s,
+            handle: h,
+            flags,
+            path,
+        });
+        drop(ex);
+        g.reg.lock().shareable.insert(s, p.handle);
+        // SAFETY: non-null out-pointer.
+        unsafe { out(shareable, s) };
+        Ok(())
+    })
+}
+
+/// `aclrtMemSetPidToShareableHandle`: the processes (by pid) that may import `shareableHandle`
+/// (exported by this process without DISABLE_PID_VALIDATION); replaces the previous list.
+///
+/// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for a null list or `pidNum` 0;
+/// `ACL_ERROR_RT_PARAM_INVALID` (107000) for a value this process did not export (or whose
+/// export ended).
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMemSetPidToShareableHandle(
+    shareable: u64,
+    pid: *const i32,
+    pid_num: usize,
+) -> AclError {
+    entry("aclrtMemSetPidToShareableHandle", || {
+        let g = state::fast_global()?;
+        if pid.is_null() {
+            return Err(null("pid"));
+        }
+        if pid_num == 0 || pid_num > 1 << 16 {
+            return Err(
+                hetmem::Error::InvalidSize(format!("pidNum {pid_num} is not 1 to 65536")).into(),
+            );
+        }
+        let h = g.reg.lock().shareable.get(&shareable).copied();
+        let p = h.and_then(|h| g.phys(h).ok()).ok_or_else(|| {
+            Fail::from(hetmem::Error::InvalidArgument(format!(
+                "shareable handle {shareable:#x} was not exported by this process (or its \
+                 export ended)"
+            )))
+        })?;
+        // SAFETY: an array of `pid_num` pids (the caller's contract).
+        let pids = unsafe { std::slice::from_raw_parts(pid, pid_num) };
+        let ex = p.export.lock();
+        let e = ex.as_ref().ok_or_else(|| {
+            Fail::from(hetmem::Error::InvalidArgument(format!(
+                "shareable handle {shareable:#x}'s export ended"
+            )))
+        })?;
+        write_share_file(&e.path, e.flags, &e.handle, pids)
+    })
+}
+
+/// `aclrtMemImportFromShareableHandle`: physical memory shared by another process (or this
+/// one) as a handle of this process, on device `deviceId`, to map with `aclrtMapMem` and
+/// release with `aclrtFreePhysical`. It stays valid after the exporter frees its handle or
+/// exits.
+///
+/// Errors (`*handle` unchanged): `ACL_ERROR_INVALID_PARAM` (100000) for a null pointer;
+/// `ACL_ERROR_RT_PARAM_INVALID` (107000) for a bad device id, a value that was never exported or
+/// whose export ended, a process not on the exporter's pid list, or an exporter that is gone.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMemImportFromShareableHandle(
+    shareable: u64,
+    device_id: i32,
+    handle: *mut *mut libc::c_void,
+) -> AclError {
+    entry("aclrtMemImportFromShareableHandle", || {
+        let g = state::fast_global()?;
+        if handle.is_null() {
+            return Err(null("handle"));
+        }
+        let dev = g.device(device_id as i64)?;
+        let c = g.current()?;
+        let (flags, h, pids) = read_share_file(shareable)?;
+        let me = std::process::id();
+        if flags & EXPORT_FLAG_DISABLE_PID_VALIDATION == 0
+            && (shareable >> 32) as u32 != me
+            && !pids.contains(&(me as i32))
+        {
+            return Err(hetmem::Error::InvalidArgument(format!(
+                "process {me} is not on the pid list of shareable handle {shareable:#x} \
+                 (aclrtMemSetPidToShareableHandle names {pids:?})"
+            ))
+            .into());
+        }
+        let mem = c.ctx.import_physical_memory(&h, &dev)?;
+        let ph = register(&g, c, mem);
+        // SAFETY: non-null out-pointer.
+        unsafe { out(handle, ph as *mut libc::c_void) };
+        Ok(())
+    })
+}

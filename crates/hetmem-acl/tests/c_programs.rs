@@ -1,0 +1,154 @@
+//! The C test programs of `tests/c/acl/`, compiled against `crates/hetmem-acl/include` and
+//! linked with `-lascendcl`, each run as its own process (see `common`).
+
+mod common;
+
+/// Header test: struct sizes and offsets, enum values, error codes against the published
+/// header's numbers.
+#[test]
+fn c_header_layout_matches_the_published_acl_headers() {
+    let out = common::run_ok("header_layout");
+    assert!(out.contains("header layout ok"), "{out}");
+}
+
+/// The managed-memory cases of `cases/managed.md`, in C.
+#[test]
+fn c_managed_cases_of_the_cases_file() {
+    common::run_managed("managed_cases");
+}
+
+/// Set-up calls, per-thread current device and context, error codes and messages, stale and
+/// foreign handles, no sticky error.
+#[test]
+fn c_setup_contexts_errors_and_handles() {
+    let out = common::run_ok("setup_errors");
+    assert!(out.contains("setup and errors ok"), "{out}");
+}
+
+/// Memory calls (every `aclrtMemMallocPolicy`, every `aclrtMemcpyKind`, each error), streams and
+/// events ordering work across streams.
+#[test]
+fn c_memory_streams_and_events() {
+    let out = common::run_ok("memory_streams");
+    assert!(out.contains("memory and streams ok"), "{out}");
+}
+
+/// The eight range attributes over mixed ranges, every `dataSize` rule, `GetAttrs`, advice and
+/// prefetch argument errors.
+#[test]
+fn c_managed_range_attributes_over_mixed_ranges() {
+    common::run_managed("managed_attrs");
+}
+
+/// ACL virtual memory across real processes: reserve, map, export to a second process (and a
+/// process not on the pid list, refused), sleep (unmap, free physical) and wake (re-create,
+/// re-map at the same address), and every argument error of the virtual-memory calls.
+#[test]
+fn c_vmm_export_sleep_and_wake_across_processes() {
+    let out = common::run_ok("vmm_sleep_wake");
+    assert!(
+        out.contains("vmm sleep and wake across processes ok"),
+        "{out}"
+    );
+}
+
+/// Without userfaultfd (a seccomp filter refuses it), managed calls answer 207000 saying why
+/// and streams, events and device memory keep working.
+#[test]
+fn c_without_userfaultfd_managed_is_unsupported_and_the_rest_works() {
+    let out = common::run_ok("managed_unsupported");
+    assert!(out.contains("managed unsupported ok"), "{out}");
+}
+
+/// Managed memory used with streams, device memory, virtual memory and several threads: data
+/// stays right through faults, stream copies, fills and prefetches.
+#[test]
+fn c_managed_memory_with_streams_threads_and_virtual_memory() {
+    common::run_managed("managed_streams");
+}
+
+/// The headers declare exactly what the library exports: every `acl*` function of
+/// `include/acl/*.h` is a dynamic symbol of `libascendcl.so`, and the library exports nothing
+/// else.
+#[test]
+fn headers_declare_exactly_the_exported_symbols() {
+    let lib = common::lib_dir().join("libascendcl.so");
+    let out = std::process::Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&lib)
+        .output()
+        .expect("running nm (binutils, installed with gcc)");
+    assert!(out.status.success(), "nm failed on {lib:?}");
+    let mut exported: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2).map(str::to_string))
+        .collect();
+    exported.sort();
+    let mut declared: Vec<String> = Vec::new();
+    for h in ["acl.h", "acl_base.h", "acl_rt.h"] {
+        let text =
+            std::fs::read_to_string(common::root().join("crates/hetmem-acl/include/acl").join(h))
+                .unwrap();
+        for line in text.lines().filter(|l| l.contains("ACL_FUNC_VISIBILITY")) {
+            if let Some(name) = line
+                .split('(')
+                .next()
+                .and_then(|head| head.split_whitespace().last())
+            {
+                if name.starts_with("acl") || name.starts_with("*acl") {
+                    declared.push(name.trim_start_matches('*').to_string());
+                }
+            }
+        }
+    }
+    declared.sort();
+    assert_eq!(declared.len(), 49, "{declared:?}");
+    assert_eq!(exported, declared);
+}
+
+/// `HETMEM_BACKEND` and the host-device variables choose the backend, the device count and
+/// each device's memory; a bad value makes `aclInit` fail naming it, and changes nothing.
+#[test]
+fn c_environment_chooses_backend_devices_and_capacity() {
+    let out = common::passed(
+        "env_config",
+        common::run_env(
+            "env_config",
+            &[],
+            &[
+                ("HETMEM_HOST_DEVICES", "3"),
+                ("HETMEM_HOST_DEVICE_MEMORY", "96M"),
+            ],
+        ),
+    );
+    assert!(out.contains("init 0"), "{out}");
+    assert!(out.contains("devices 3"), "{out}");
+    for d in 0..3 {
+        assert!(
+            out.contains(&format!("device {d} total {}", 96 << 20)),
+            "{out}"
+        );
+    }
+    let out = common::passed(
+        "env_config",
+        common::run_env("env_config", &[], &[("HETMEM_HOST_DEVICES", "many")]),
+    );
+    assert!(
+        out.contains("init 107000") && out.contains("HETMEM_HOST_DEVICES"),
+        "{out}"
+    );
+    let out = common::passed(
+        "env_config",
+        common::run_env("env_config", &[], &[("HETMEM_BACKEND", "cuda")]),
+    );
+    assert!(out.contains("init 207000") && out.contains("cuda"), "{out}");
+}
+
+/// Eight threads at once: per-thread devices, streams, events recorded by one thread ordering
+/// another's stream, managed and virtual memory churn, and a context destroyed under a thread
+/// (its later calls fail cleanly, its memory goes).
+#[test]
+fn c_threads_share_events_and_contexts_safely() {
+    let out = common::run_ok("threads");
+    assert!(out.contains("threads ok"), "{out}");
+}
