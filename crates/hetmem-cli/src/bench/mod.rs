@@ -8,6 +8,7 @@
 //! Each group lives in its own submodule and returns its rows.
 
 mod ipc;
+mod kv;
 mod managed;
 mod usm;
 mod vmm;
@@ -20,7 +21,7 @@ use rustix::mm::{MapFlags, ProtFlags};
 /// Arguments of `hetmem bench`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Benchmark group: vmm, usm, ipc, managed.
+    /// Benchmark group: vmm, usm, ipc, managed, kv.
     pub group: String,
     /// Write every figure of the group to this JSON file.
     #[arg(long)]
@@ -81,7 +82,7 @@ pub fn json_extra(key: &str, v: f64) {
 }
 
 /// Every benchmark group `run` knows (the error for an unknown one lists them).
-pub const GROUPS: [&str; 4] = ["vmm", "usm", "ipc", "managed"];
+pub const GROUPS: [&str; 5] = ["vmm", "usm", "ipc", "managed", "kv"];
 
 pub fn run(args: Args) -> Result<(), String> {
     let rows = match args.group.as_str() {
@@ -89,6 +90,7 @@ pub fn run(args: Args) -> Result<(), String> {
         "usm" => usm::bench(&args)?,
         "ipc" => ipc::bench(&args)?,
         "managed" => managed::bench(&args)?,
+        "kv" => kv::bench(&args)?,
         // The importer process of `ipc` (re-executed by it; not a group of its own).
         "ipc-importer" => return ipc::importer().map(|_| ()),
         other => {
