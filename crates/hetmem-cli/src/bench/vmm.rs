@@ -235,7 +235,9 @@ fn set_access(ctx: &Context, dev: &Device, args: &Args, page: usize) -> Result<R
                 (raw_base + 2 * i * page) as *mut _,
                 page,
                 ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED | MapFlags::FIXED,
+                // Populated as the host backend's map leaves its range: mprotect then rewrites
+                // every page-table entry of the range on both sides.
+                MapFlags::SHARED | MapFlags::FIXED | MapFlags::POPULATE,
                 &fd,
                 0,
             )
