@@ -4,7 +4,9 @@
 //! The cache reserves each layer's K and V buffer for `batch slots x max context` tokens and maps
 //! physical pages only as tokens arrive; see [`kvcache`] for the cache and [`server`] for the
 //! serving loop. With `--trace`, request sizes come from the Azure LLM inference trace 2023
-//! (CC-BY 4.0), Patel et al., "Splitwise", ISCA 2024, read from `../shared/data/`, never copied.
+//! (CC-BY 4.0), Patel et al., "Splitwise", ISCA 2024, read from `../shared/data/`, never copied;
+//! the whole trace unless `--requests` limits it. Progress goes to stderr ([`progress`]),
+//! `--plot` draws the replay ([`plot`]) and `--json` writes every figure of the report.
 
 mod free_policies;
 mod ipc;
