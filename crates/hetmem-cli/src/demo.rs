@@ -4,12 +4,16 @@
 //! The cache reserves each layer's K and V buffer for `batch slots x max context` tokens and maps
 //! physical pages only as tokens arrive; see [`kvcache`] for the cache and [`server`] for the
 //! serving loop. With `--trace`, request sizes come from the Azure LLM inference trace 2023
-//! (CC-BY 4.0), Patel et al., "Splitwise", ISCA 2024, read from `../shared/data/`, never copied.
+//! (CC-BY 4.0), Patel et al., "Splitwise", ISCA 2024, read from `../shared/data/`, never copied;
+//! the whole trace unless `--requests` limits it. Progress goes to stderr ([`progress`]),
+//! `--plot` draws the replay ([`plot`]) and `--json` writes every figure of the report.
 
 mod free_policies;
 mod ipc;
 mod kvcache;
 mod managed;
+mod plot;
+mod progress;
 mod server;
 mod workload;
 
@@ -17,7 +21,7 @@ use std::path::PathBuf;
 
 use crate::info::human;
 use kvcache::{KvCache, Layout};
-use server::{serve, Job, Stats};
+use server::{serve, Job, Stats, StepView};
 use workload::TRACE_ATTRIBUTION;
 
 /// Arguments of `hetmem demo`. Defaults: Llama-3-8B's KV cache (32 layers, 8 KV heads, head
@@ -43,9 +47,10 @@ pub struct Args {
     /// Maximum context per request, in tokens; longer requests are clipped (and counted).
     #[arg(long, default_value_t = 8192)]
     max_context: u32,
-    /// Number of requests (with --trace: the first ones of the trace).
-    #[arg(long, default_value_t = 64)]
-    requests: usize,
+    /// Number of requests: with --trace, the first ones of the trace (default: all of it);
+    /// else the length of the synthetic stream (default: 64).
+    #[arg(long)]
+    requests: Option<usize>,
     /// Page size: the unit mapped at a time, one physical object each. Must be an answer of
     /// the page-size query (64K or 2M on the host backend). Default: the query's answer for
     /// one buffer's size (2 MiB).
@@ -68,6 +73,20 @@ pub struct Args {
     /// ../shared/data/azure-llm-inference-2023/conv.csv.
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// No progress on stderr (the report on stdout is the same).
+    #[arg(long, short)]
+    quiet: bool,
+    /// Seconds between progress lines when stderr is not a terminal (0: a line whenever a
+    /// request finishes). On a terminal the progress bar updates in place.
+    #[arg(long, default_value_t = 5.0)]
+    progress_interval: f64,
+    /// Draw the KV cache's memory over the replay and the map / unmap latency distribution into
+    /// this SVG file.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Write every figure of the KV-cache report to this JSON file.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 /// Checks `1 <= v <= max` (the caps keep bookkeeping allocations sane on absurd input).
@@ -159,7 +178,15 @@ fn run_kv_cache(args: &Args) -> Result<(), String> {
     in_range(args.head_dim as u64, 1 << 16, "head-dim")?;
     in_range(args.bytes_per_element as u64, 64, "bytes-per-element")?;
     in_range(args.batch_slots as u64, 1 << 16, "batch-slots")?;
-    in_range(args.requests as u64, 10_000_000, "requests")?;
+    if let Some(n) = args.requests {
+        in_range(n as u64, 10_000_000, "requests")?;
+    }
+    if !(args.progress_interval >= 0.0 && args.progress_interval <= 1e6) {
+        return Err(format!(
+            "--progress-interval {} is out of range: 0 to 1000000 seconds",
+            args.progress_interval
+        ));
+    }
     if args.max_context < 2 {
         return Err("--max-context must be at least 2 (a prompt token and an output token)".into());
     }
@@ -175,7 +202,7 @@ fn run_kv_cache(args: &Args) -> Result<(), String> {
     // The request stream, before any memory is touched, so bad input fails fast.
     let (reqs, source) = match &args.trace {
         Some(path) => {
-            let r = workload::read_trace(path, args.requests)?;
+            let r = workload::read_trace(path, args.requests.unwrap_or(usize::MAX))?;
             let s = format!(
                 "{} requests of {} (in file order, the trace's arrival order)\n\
                  attribution:  {TRACE_ATTRIBUTION}",
@@ -184,14 +211,18 @@ fn run_kv_cache(args: &Args) -> Result<(), String> {
             );
             (r, s)
         }
-        None => (
-            workload::synthetic(args.requests, args.seed),
-            format!(
-                "{} synthetic requests, seed {}, shaped like the Azure conversation trace \
-                 (log-normal; median prompt 1,000 and output 130 tokens; at most 14,000 in all)",
-                args.requests, args.seed
-            ),
-        ),
+        None => {
+            let n = args.requests.unwrap_or(64);
+            (
+                workload::synthetic(n, args.seed),
+                format!(
+                    "{n} synthetic requests, seed {}, shaped like the Azure conversation trace \
+                     (log-normal; median prompt 1,000 and output 130 tokens; at most 14,000 in \
+                     all)",
+                    args.seed
+                ),
+            )
+        }
     };
     let max = args.max_context;
     let mut clipped = 0usize;
@@ -306,15 +337,39 @@ fn run_kv_cache(args: &Args) -> Result<(), String> {
         thousands((page / tok_bytes) as u64)
     );
 
-    let result = serve(&mut cache, &jobs, args.batch_slots as usize, token_all);
+    let all_tokens: u64 = jobs.iter().map(|j| j.total as u64).sum();
+    let mut progress = progress::Progress::new(
+        args.quiet,
+        std::time::Duration::from_secs_f64(args.progress_interval),
+        jobs.len(),
+        all_tokens,
+        page,
+    );
+    let mut series = plot::Series::new(1500);
+    let mut last = None;
+    let result = serve(
+        &mut cache,
+        &jobs,
+        args.batch_slots as usize,
+        token_all,
+        &mut |v: &StepView| {
+            progress.step(v);
+            series.record(v.step, v.mapped as u64, v.used as u64, v.busy_slots as u64);
+            last = Some(*v);
+        },
+    );
     let created: usize = cache.created.iter().sum();
     let stats = match result {
         Ok(s) => s,
         Err(e) => {
+            progress.abandon();
             drop(cache); // the context's teardown releases what is still mapped
             return Err(e);
         }
     };
+    if let Some(v) = &last {
+        progress.finish(v);
+    }
     let mut map_ns = std::mem::take(&mut cache.map_ns);
     let mut unmap_ns = std::mem::take(&mut cache.unmap_ns);
     cache.destroy()?;
@@ -326,7 +381,7 @@ fn run_kv_cache(args: &Args) -> Result<(), String> {
         ));
     }
 
-    report(
+    let mut fig = report(
         args,
         &stats,
         clipped,
@@ -336,6 +391,40 @@ fn run_kv_cache(args: &Args) -> Result<(), String> {
         &mut map_ns,
         &mut unmap_ns,
     );
+    if let Some(path) = &args.plot {
+        let title = match &args.trace {
+            Some(t) => t
+                .file_name()
+                .map_or("trace".into(), |f| f.to_string_lossy().into_owned()),
+            None => "synthetic stream".into(),
+        };
+        plot::draw(
+            path,
+            &plot::PlotInput {
+                title: &title,
+                series: &series,
+                slot_bytes: args.max_context as u64 * token_all as u64,
+                slots: args.batch_slots as u64,
+                map_ns: &map_ns,
+                unmap_ns: &unmap_ns,
+                page: &human(page as u64),
+            },
+        )?;
+        if !args.quiet {
+            eprintln!("hetmem demo: plot written to {}", path.display());
+        }
+    }
+    fig.insert("tags_checked".into(), stats.tags_checked.into());
+    fig.insert("verified".into(), stats.first_bad.is_none().into());
+    fig.insert("failed_checks".into(), stats.failed_checks.into());
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&serde_json::Value::Object(fig))
+            .map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        if !args.quiet {
+            eprintln!("hetmem demo: figures written to {}", path.display());
+        }
+    }
     match stats.first_bad {
         None => {
             println!(
@@ -361,6 +450,7 @@ fn run_kv_cache(args: &Args) -> Result<(), String> {
     }
 }
 
+/// Prints the report and returns every figure of it, for `--json`.
 #[allow(clippy::too_many_arguments)]
 fn report(
     args: &Args,
@@ -371,7 +461,28 @@ fn report(
     token_all: usize,
     map_ns: &mut [u64],
     unmap_ns: &mut [u64],
-) {
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut j = serde_json::Map::new();
+    let mut put = |k: &str, v: serde_json::Value| {
+        j.insert(k.to_string(), v);
+    };
+    put("scene", "kv-cache".into());
+    put(
+        "input",
+        match &args.trace {
+            Some(t) => t.display().to_string().into(),
+            None => format!("synthetic, seed {}", args.seed).into(),
+        },
+    );
+    if args.trace.is_some() {
+        put("attribution", TRACE_ATTRIBUTION.into());
+    }
+    put("layers", args.layers.into());
+    put("batch_slots", args.batch_slots.into());
+    put("max_context_tokens", args.max_context.into());
+    put("token_bytes_all_layers", token_all.into());
+    put("page_bytes", page.into());
+
     let peak_phys = created as u64 * page as u64;
     let prealloc = args.batch_slots as u64 * args.max_context as u64 * token_all as u64;
     println!(
@@ -381,6 +492,9 @@ fn report(
         thousands(args.max_context as u64),
         st.preemptions
     );
+    put("requests_served", st.served.into());
+    put("requests_clipped", clipped.into());
+    put("preemptions", st.preemptions.into());
     println!(
         "tokens:       {} ({} prompt + {} generated; {} recomputed after preemption) in {} steps",
         thousands(st.prompt_tokens + st.generated_tokens),
@@ -389,6 +503,11 @@ fn report(
         thousands(st.recomputed_tokens),
         thousands(st.steps)
     );
+    put("tokens", (st.prompt_tokens + st.generated_tokens).into());
+    put("prompt_tokens", st.prompt_tokens.into());
+    put("generated_tokens", st.generated_tokens.into());
+    put("recomputed_tokens", st.recomputed_tokens.into());
+    put("steps", st.steps.into());
     println!(
         "memory:       peak physical {} ({} objects of {}, reused from a pool; peak mapped {}) \
          vs {} to pre-allocate the maximum context per slot: {:.1}% of it ({:.1}x less)",
@@ -399,6 +518,14 @@ fn report(
         human(prealloc),
         100.0 * peak_phys as f64 / prealloc as f64,
         prealloc as f64 / peak_phys.max(1) as f64
+    );
+    put("peak_physical_bytes", peak_phys.into());
+    put("physical_objects_created", created.into());
+    put("peak_mapped_bytes", st.peak_mapped.into());
+    put("preallocate_max_context_bytes", prealloc.into());
+    put(
+        "peak_physical_pct_of_preallocation",
+        (100.0 * peak_phys as f64 / prealloc as f64).into(),
     );
     let at_peak = if st.peak_mapped == 0 {
         0.0
@@ -415,34 +542,47 @@ fn report(
          {avg:.1}% averaged over steps (internal, {} pages)",
         human(page as u64)
     );
+    put("fragmentation_at_peak_pct", at_peak.into());
+    put("fragmentation_avg_pct", avg.into());
     let (nm, nu) = (map_ns.len(), unmap_ns.len());
+    let (m50, m99) = (quantile_us(map_ns, 0.5), quantile_us(map_ns, 0.99));
+    let (u50, u99) = (quantile_us(unmap_ns, 0.5), quantile_us(unmap_ns, 0.99));
     println!(
-        "map:          p50 {:.1} us, p99 {:.1} us ({} calls of one {} page)",
-        quantile_us(map_ns, 0.5),
-        quantile_us(map_ns, 0.99),
+        "map:          p50 {m50:.1} us, p99 {m99:.1} us ({} calls of one {} page)",
         thousands(nm as u64),
         human(page as u64)
     );
     println!(
-        "unmap:        p50 {:.1} us, p99 {:.1} us ({} calls of one {} page)",
-        quantile_us(unmap_ns, 0.5),
-        quantile_us(unmap_ns, 0.99),
+        "unmap:        p50 {u50:.1} us, p99 {u99:.1} us ({} calls of one {} page)",
         thousands(nu as u64),
         human(page as u64)
     );
+    put("map_calls", nm.into());
+    put("map_p50_us", m50.into());
+    put("map_p99_us", m99.into());
+    put("unmap_calls", nu.into());
+    put("unmap_p50_us", u50.into());
+    put("unmap_p99_us", u99.into());
+    put("capacity_refusals", st.refusals.into());
     if let Some(first) = &st.first_refusal {
         println!(
             "capacity:     {} page(s) refused (preempting or delaying requests); first: {first}",
             thousands(st.refusals)
         );
+        put("first_refusal", first.clone().into());
     }
     let secs = st.wall.as_secs_f64().max(1e-9);
+    let tps = (st.prompt_tokens + st.generated_tokens) as f64 / secs;
     println!(
         "throughput:   {} tokens/s, {:.1} requests/s ({:.2} s wall)",
-        thousands(((st.prompt_tokens + st.generated_tokens) as f64 / secs) as u64),
+        thousands(tps as u64),
         st.served as f64 / secs,
         secs
     );
+    put("tokens_per_s", tps.into());
+    put("requests_per_s", (st.served as f64 / secs).into());
+    put("wall_s", secs.into());
+    j
 }
 
 #[cfg(test)]

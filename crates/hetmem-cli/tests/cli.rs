@@ -138,7 +138,7 @@ fn bench_unknown_group_fails_listing_every_group() {
     groups.sort_unstable();
     assert_eq!(
         groups,
-        ["acl", "ipc", "managed", "usm", "vmm", "ze"],
+        ["acl", "ipc", "kv", "managed", "usm", "vmm", "ze"],
         "{err}"
     );
 }
@@ -245,4 +245,48 @@ fn bench_acl_json_has_a_ratio_and_the_added_ns_of_each_c_entry_point() {
         assert!(out.contains("added per call"), "{out}");
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bench_kv_json_writes_grow_and_release_ratios_against_the_bare_syscalls() {
+    let dir = std::env::temp_dir().join(format!("hetmem-cli-kv-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("kv.json");
+    let (o, out, err) = hetmem(
+        &[
+            "bench",
+            "kv",
+            "--iters",
+            "4",
+            "--rounds",
+            "1",
+            "--json",
+            file.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "exit {:?}\n{out}\n{err}", o.status);
+    assert!(out.contains("hetmem bench kv"), "no table:\n{out}");
+    assert!(
+        out.contains("mmap(MAP_FIXED) memfd + first writes"),
+        "{out}"
+    );
+    let text = std::fs::read_to_string(&file).expect("the JSON file");
+    std::fs::remove_dir_all(&dir).ok();
+    let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    assert_eq!(v["group"], "kv");
+    for stem in ["grow_2mib", "grow_vs_populate_2mib", "release_2mib"] {
+        let r = v[format!("{stem}_ratio")]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no {stem}_ratio in\n{text}"));
+        let h = v[format!("{stem}_ns")].as_f64().expect("hetmem figure");
+        let b = v[format!("{stem}_baseline_ns")]
+            .as_f64()
+            .expect("baseline figure");
+        assert!(r.is_finite() && r > 0.0 && h > 0.0 && b > 0.0, "{text}");
+        assert!(
+            (h / b - r).abs() <= 1e-9 * r.max(1.0),
+            "{stem}: {h} / {b} != {r}"
+        );
+    }
 }

@@ -214,3 +214,183 @@ fn demo_token_too_small_for_the_tag_is_rejected() {
     assert!(!o.status.success());
     assert!(err.contains("8-byte tag"), "{err}");
 }
+
+/// A temporary directory of this test process, removed by the caller.
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("hetmem-demo-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The served count of a progress line: `progress: 3/12 requests served, ...`.
+fn served_of(line: &str) -> (u64, u64) {
+    let rest = line.strip_prefix("progress: ").expect("progress line");
+    let (a, b) = rest.split_once('/').expect("a/b");
+    let b = b.split_whitespace().next().unwrap();
+    let n = |s: &str| s.replace(',', "").parse::<u64>().unwrap();
+    (n(a), n(b))
+}
+
+#[test]
+fn demo_progress_on_a_pipe_is_plain_lines_counting_up_to_every_request() {
+    // stderr is a pipe here: plain lines, not a bar. Interval 0: a line whenever requests finish.
+    let o = demo(
+        &[
+            "--requests",
+            "12",
+            "--layers",
+            "2",
+            "--max-context",
+            "2048",
+            "--progress-interval",
+            "0",
+        ],
+        "256M",
+    );
+    let out = assert_verified(&o);
+    let (_, err) = text(&o);
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("progress: "))
+        .collect();
+    assert!(lines.len() >= 2, "{err}");
+    assert!(
+        !err.contains('\r') && !err.contains('\x1b'),
+        "terminal codes on a pipe:\n{err:?}"
+    );
+    let served: Vec<(u64, u64)> = lines.iter().map(|l| served_of(l)).collect();
+    assert!(served.iter().all(|&(_, total)| total == 12), "{err}");
+    assert!(served.windows(2).all(|w| w[0].0 <= w[1].0), "{err}");
+    assert!(
+        served[..served.len() - 1].iter().all(|&(s, _)| s >= 1),
+        "{err}"
+    );
+    for l in &lines {
+        assert!(
+            l.contains(" tokens/s, physical ") && l.contains(" elapsed, "),
+            "{l}"
+        );
+    }
+    let last = lines.last().unwrap();
+    assert_eq!(served_of(last).0, 12, "{err}");
+    assert!(last.ends_with("done"), "{last}");
+    assert!(lines[0].contains("left"), "{}", lines[0]);
+    // The report on stdout has none of it.
+    assert!(!out.contains("progress"), "{out}");
+}
+
+#[test]
+fn demo_quiet_writes_nothing_on_stderr_and_the_same_report() {
+    let args = ["--requests", "5", "--layers", "2", "--max-context", "2048"];
+    let quiet = demo(&[&args[..], &["--quiet"]].concat(), "256M");
+    let loud = demo(&args, "256M");
+    let (q_out, q_err) = (assert_verified(&quiet), text(&quiet).1);
+    let l_out = assert_verified(&loud);
+    assert_eq!(q_err, "", "stderr with --quiet");
+    assert!(text(&loud).1.contains("progress: 5/5 requests served"));
+    // Same report, line by line, apart from the measured times.
+    let labels = |s: &str| -> Vec<String> {
+        s.lines()
+            .filter(|l| !l.starts_with("map:") && !l.starts_with("unmap:"))
+            .filter(|l| !l.starts_with("throughput:"))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(labels(&q_out), labels(&l_out));
+}
+
+#[test]
+fn demo_with_a_trace_replays_all_of_it_unless_requests_limits_it() {
+    let dir = temp_dir("whole");
+    let trace = dir.join("t.csv");
+    let mut csv = String::from("TIMESTAMP,ContextTokens,GeneratedTokens\n");
+    // More than the synthetic stream's default of 64 requests.
+    for i in 0..70 {
+        csv.push_str(&format!(
+            "2023-11-16 18:15:46.6805900,{},{}\n",
+            10 + i,
+            1 + i % 5
+        ));
+    }
+    std::fs::write(&trace, csv).unwrap();
+    let t = trace.to_str().unwrap();
+    let all = demo(&["--trace", t, "--layers", "2", "--quiet"], "256M");
+    let some = demo(
+        &["--trace", t, "--layers", "2", "--quiet", "--requests", "9"],
+        "256M",
+    );
+    std::fs::remove_dir_all(&dir).ok();
+    let out = assert_verified(&all);
+    assert_eq!(figure(&out, "requests:", "requests:"), 70, "{out}");
+    assert!(out.contains("70 requests of"), "{out}");
+    let out = assert_verified(&some);
+    assert_eq!(figure(&out, "requests:", "requests:"), 9, "{out}");
+}
+
+#[test]
+fn demo_json_holds_the_reports_figures_and_plot_draws_both_panels() {
+    let dir = temp_dir("json");
+    let (json, svg) = (dir.join("r.json"), dir.join("p.svg"));
+    let o = demo(
+        &[
+            "--requests",
+            "6",
+            "--layers",
+            "2",
+            "--max-context",
+            "2048",
+            "--quiet",
+            "--json",
+            json.to_str().unwrap(),
+            "--plot",
+            svg.to_str().unwrap(),
+        ],
+        "256M",
+    );
+    let out = assert_verified(&o);
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let num = |k: &str| {
+        j[k].as_f64()
+            .unwrap_or_else(|| panic!("no number {k:?} in {j}"))
+    };
+    assert_eq!(num("requests_served"), 6.0);
+    assert_eq!(num("tokens"), figure(&out, "tokens:", "tokens:") as f64);
+    assert_eq!(num("steps"), figure(&out, "tokens:", "in ") as f64);
+    assert_eq!(num("map_calls"), figure(&out, "map:", "us (") as f64);
+    assert_eq!(
+        num("tags_checked"),
+        figure(&out, "verification:", "OK (") as f64
+    );
+    assert_eq!(j["verified"], serde_json::Value::Bool(true));
+    for k in [
+        "peak_physical_bytes",
+        "peak_mapped_bytes",
+        "preallocate_max_context_bytes",
+        "fragmentation_at_peak_pct",
+        "fragmentation_avg_pct",
+        "map_p50_us",
+        "map_p99_us",
+        "unmap_p50_us",
+        "unmap_p99_us",
+        "tokens_per_s",
+        "requests_per_s",
+        "wall_s",
+    ] {
+        assert!(num(k) > 0.0, "{k} in {j}");
+    }
+    assert!(plot.starts_with("<svg"), "{}", &plot[..plot.len().min(200)]);
+    for label in [
+        "KV-cache memory over the replay",
+        "physical memory mapped by hetmem",
+        "bytes the live tokens need",
+        "max context pre-allocated for each busy slot",
+        "map / unmap latency",
+    ] {
+        assert!(plot.contains(label), "{label:?} missing from the plot");
+    }
+    // Four lines in panel 1, two in panel 2.
+    assert!(plot.matches("<polyline").count() >= 6, "{plot}");
+}

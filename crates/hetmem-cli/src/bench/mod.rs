@@ -9,6 +9,7 @@
 
 mod acl;
 mod ipc;
+mod kv;
 mod managed;
 mod usm;
 mod vmm;
@@ -22,7 +23,7 @@ use rustix::mm::{MapFlags, ProtFlags};
 /// Arguments of `hetmem bench`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Benchmark group: vmm, usm, ipc, managed, ze, acl.
+    /// Benchmark group: vmm, usm, ipc, managed, kv, ze, acl.
     pub group: String,
     /// Write every figure of the group to this JSON file.
     #[arg(long)]
@@ -83,7 +84,7 @@ pub fn json_extra(key: &str, v: f64) {
 }
 
 /// Every benchmark group `run` knows (the error for an unknown one lists them).
-pub const GROUPS: [&str; 6] = ["vmm", "usm", "ipc", "managed", "ze", "acl"];
+pub const GROUPS: [&str; 7] = ["vmm", "usm", "ipc", "managed", "kv", "ze", "acl"];
 
 pub fn run(args: Args) -> Result<(), String> {
     let rows = match args.group.as_str() {
@@ -91,6 +92,7 @@ pub fn run(args: Args) -> Result<(), String> {
         "usm" => usm::bench(&args)?,
         "ipc" => ipc::bench(&args)?,
         "managed" => managed::bench(&args)?,
+        "kv" => kv::bench(&args)?,
         "ze" => ze::bench(&args)?,
         "acl" => acl::bench(&args)?,
         // The importer process of `ipc` (re-executed by it; not a group of its own).

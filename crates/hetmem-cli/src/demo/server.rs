@@ -55,6 +55,23 @@ impl Stats {
     }
 }
 
+/// What the serving loop shows its observer at the end of every step.
+#[derive(Debug, Clone, Copy)]
+pub struct StepView {
+    pub step: u64,
+    pub served: usize,
+    /// Prompt plus generated tokens of the requests served so far.
+    pub tokens_served: u64,
+    /// Bytes mapped now.
+    pub mapped: usize,
+    /// Bytes the live tokens need now (tokens of running requests x bytes per token).
+    pub used: usize,
+    /// Slots holding a request now.
+    pub busy_slots: usize,
+    /// Physical objects created so far (all live: unmapped ones wait in the pools).
+    pub objects: usize,
+}
+
 struct Waiting {
     job: Job,
     /// Tokens it had when preempted (0 if never run).
@@ -66,13 +83,15 @@ struct Running {
     seq: Seq,
 }
 
-/// Serves `jobs` through `cache` with `slots` slots. Errors: a request too big to fit alone, or
-/// an unexpected hetmem error.
+/// Serves `jobs` through `cache` with `slots` slots, showing `observe` the state at the end of
+/// every step (progress, plots). Errors: a request too big to fit alone, or an unexpected hetmem
+/// error.
 pub fn serve(
     cache: &mut KvCache,
     jobs: &[Job],
     slots: usize,
     token_bytes_all: usize,
+    observe: &mut dyn FnMut(&StepView),
 ) -> Result<Stats, String> {
     let start = Instant::now();
     let mut st = Stats::default();
@@ -202,6 +221,18 @@ pub fn serve(
             st.generated_tokens += (r.job.total - r.job.prompt) as u64;
             progress = true;
         }
+        observe(&StepView {
+            step: st.steps,
+            served: st.served,
+            tokens_served: st.prompt_tokens + st.generated_tokens,
+            mapped: cache.mapped_bytes,
+            used: running
+                .iter()
+                .map(|r| r.seq.tokens as usize * token_bytes_all)
+                .sum(),
+            busy_slots: running.len(),
+            objects: cache.created.iter().sum(),
+        });
         if !progress {
             return Err(format!(
                 "no progress in step {} ({} waiting, {} running): a scheduler bug",

@@ -1,0 +1,185 @@
+//! `hetmem bench kv`: the two steps a growable KV cache repeats, per 2 MiB page, against the bare
+//! syscall sequences that do the same work.
+//!
+//! - grow: take a physical object from a pool, map it read-write at the next page of a slot,
+//!   and write the first bytes of every OS page of it (what tagging or filling new tokens does).
+//!   Baselines: `mmap(MAP_SHARED | MAP_FIXED)` of a memfd, then the same writes (each OS page
+//!   faults in on its first write); and `mmap(MAP_SHARED | MAP_FIXED | MAP_POPULATE)`, then the
+//!   same writes (the page table filled in one call).
+//! - release: unmap the page and return the object to the pool. Baseline:
+//!   `mmap(PROT_NONE, MAP_FIXED)` over it (the host backend's unmap).
+//!
+//! Both sides map contiguous pages of one reservation (a slot growing), objects and memfds are
+//! populated by the warm-up round (a pool's objects have been used before), and the rounds
+//! alternate which side goes first.
+
+use std::time::Instant;
+
+use hetmem::{AccessAttribute, PhysicalMemory, PhysicalMemoryFlags, Runtime};
+use rustix::mm::{MapFlags, ProtFlags};
+
+use super::{e2s, key, median, raw_memfd, raw_release, raw_reserve, size_name, Args, Row, Unit};
+
+const PAGE: usize = 2 << 20;
+
+/// Writes one word at the start of every OS page of `[addr, addr+len)`.
+///
+/// # Safety
+/// The range is mapped read-write and nobody else uses it.
+unsafe fn first_writes(addr: usize, len: usize, os_page: usize) {
+    for off in (0..len).step_by(os_page) {
+        // SAFETY: forwarded contract.
+        unsafe { ((addr + off) as *mut u64).write_volatile(off as u64 | 1) };
+    }
+}
+
+pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
+    let n = args.iters.max(1);
+    let os_page = rustix::param::page_size();
+    let rt = Runtime::builder()
+        .host_devices(1)
+        .host_device_memory(((n * PAGE) as u64).max(64 << 20))
+        .build()
+        .map_err(e2s)?;
+    let dev = rt.driver().device(0).ok_or("no device")?;
+    let ctx = rt.driver().create_context().map_err(e2s)?;
+    let page = ctx.query_page_size(&dev, n * PAGE).map_err(e2s)?;
+    if page != PAGE {
+        return Err(format!(
+            "the page-size query answers {page} bytes for {n} x 2 MiB; this group measures \
+             2 MiB pages"
+        ));
+    }
+    let res = ctx.reserve(None, n * PAGE).map_err(e2s)?;
+    let mut pool: Vec<PhysicalMemory> = (0..n)
+        .map(|_| {
+            ctx.create_physical_memory(Some(&dev), PhysicalMemoryFlags::AllocateOnDevice, PAGE)
+        })
+        .collect::<Result<_, _>>()
+        .map_err(e2s)?;
+    let raw_base = raw_reserve(n * PAGE, PAGE)?;
+    let fds = (0..n)
+        .map(|_| raw_memfd(PAGE))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let hetmem_phase = |pool: &mut Vec<PhysicalMemory>| -> Result<(f64, f64), String> {
+        let mut taken = Vec::with_capacity(n);
+        let t = Instant::now();
+        for i in 0..n {
+            let phys = pool.pop().ok_or("pool empty")?;
+            let addr = res.base + i * PAGE;
+            ctx.map(addr, PAGE, phys, 0, AccessAttribute::ReadWrite)
+                .map_err(e2s)?;
+            // SAFETY: just mapped read-write; ours alone.
+            unsafe { first_writes(addr, PAGE, os_page) };
+            taken.push(phys);
+        }
+        let grow = t.elapsed().as_nanos() as f64 / n as f64;
+        let t = Instant::now();
+        for i in (0..n).rev() {
+            ctx.unmap(res.base + i * PAGE, PAGE).map_err(e2s)?;
+            pool.push(taken.pop().expect("one per page"));
+        }
+        Ok((grow, t.elapsed().as_nanos() as f64 / n as f64))
+    };
+    let raw_phase = |populate: bool| -> Result<(f64, f64), String> {
+        let extra = if populate {
+            MapFlags::POPULATE
+        } else {
+            MapFlags::empty()
+        };
+        let t = Instant::now();
+        for (i, fd) in fds.iter().enumerate() {
+            let addr = raw_base + i * PAGE;
+            // SAFETY: inside our raw reservation; MAP_FIXED replaces our own placeholder.
+            unsafe {
+                rustix::mm::mmap(
+                    addr as *mut _,
+                    PAGE,
+                    ProtFlags::READ | ProtFlags::WRITE,
+                    MapFlags::SHARED | MapFlags::FIXED | extra,
+                    fd,
+                    0,
+                )
+                .map_err(|e| e.to_string())?;
+                first_writes(addr, PAGE, os_page);
+            }
+        }
+        let grow = t.elapsed().as_nanos() as f64 / n as f64;
+        let t = Instant::now();
+        for i in (0..n).rev() {
+            // SAFETY: inside our raw reservation.
+            unsafe {
+                rustix::mm::mmap_anonymous(
+                    (raw_base + i * PAGE) as *mut _,
+                    PAGE,
+                    ProtFlags::empty(),
+                    MapFlags::PRIVATE | MapFlags::NORESERVE | MapFlags::FIXED,
+                )
+                .map_err(|e| e.to_string())?;
+            }
+        }
+        Ok((grow, t.elapsed().as_nanos() as f64 / n as f64))
+    };
+
+    let (mut grow_h, mut release_h) = (Vec::new(), Vec::new());
+    let (mut grow_b, mut release_b, mut grow_p) = (Vec::new(), Vec::new(), Vec::new());
+    // Round 0 is a warm-up (it also populates every object and memfd); the order rotates.
+    for round in 0..=args.rounds {
+        let mut h = (0.0, 0.0);
+        let mut b = (0.0, 0.0);
+        let mut p = (0.0, 0.0);
+        for k in 0..3 {
+            match (round + k) % 3 {
+                0 => h = hetmem_phase(&mut pool)?,
+                1 => b = raw_phase(false)?,
+                _ => p = raw_phase(true)?,
+            }
+        }
+        if round > 0 {
+            grow_h.push(h.0);
+            release_h.push(h.1);
+            grow_b.push(b.0);
+            release_b.push(b.1);
+            grow_p.push(p.0);
+        }
+    }
+    ctx.free_reservation(res).map_err(e2s)?;
+    for p in pool {
+        ctx.destroy_physical_memory(p).map_err(e2s)?;
+    }
+    raw_release(raw_base, n * PAGE);
+    let grow = median(grow_h);
+    Ok(vec![
+        Row {
+            unit: Unit::Ns,
+            op: "grow (map+1st write)",
+            size: size_name(PAGE),
+            key: key("grow", PAGE),
+            hetmem_ns: grow,
+            baseline_ns: Some(median(grow_b)),
+            baseline: "mmap(MAP_FIXED) memfd + first writes",
+            target: None,
+        },
+        Row {
+            unit: Unit::Ns,
+            op: "grow (map+1st write)",
+            size: size_name(PAGE),
+            key: key("grow_vs_populate", PAGE),
+            hetmem_ns: grow,
+            baseline_ns: Some(median(grow_p)),
+            baseline: "mmap(MAP_FIXED|MAP_POPULATE) + writes",
+            target: Some("<= 1.1x"),
+        },
+        Row {
+            unit: Unit::Ns,
+            op: "release (unmap)",
+            size: size_name(PAGE),
+            key: key("release", PAGE),
+            hetmem_ns: median(release_h),
+            baseline_ns: Some(median(release_b)),
+            baseline: "mmap(PROT_NONE, MAP_FIXED)",
+            target: Some("<= 1.1x"),
+        },
+    ])
+}
