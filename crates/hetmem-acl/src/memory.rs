@@ -178,7 +178,8 @@ pub extern "C" fn aclrtMemset(
         }
         check_count(count, max_count, "maxCount")?;
         let c = g.current()?;
-        Ok(c.ctx.host_memset(dev_ptr as usize, value as u8, count)?)
+        // SAFETY: aclrtMemset's contract: the C caller owns the destination memory.
+        Ok(unsafe { c.ctx.host_memset(dev_ptr as usize, value as u8, count) }?)
     })
 }
 
@@ -238,7 +239,8 @@ pub extern "C" fn aclrtMemcpy(
         check_count(count, dest_max, "destMax")?;
         check_kind(kind)?;
         let c = g.current()?;
-        Ok(c.ctx.host_memcpy(dst as usize, src as usize, count)?)
+        // SAFETY: aclrtMemcpy's contract: the C caller owns both ranges.
+        Ok(unsafe { c.ctx.host_memcpy(dst as usize, src as usize, count) }?)
     })
 }
 

@@ -156,13 +156,24 @@ fn write_share_file(path: &PathBuf, flags: u64, h: &hetmem::IpcHandle, pids: &[i
     let io = |e: std::io::Error| -> Fail {
         hetmem::Error::OutOfHostMemory(format!("writing shareable handle file {tmp:?}: {e}")).into()
     };
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io)?;
+    // A fresh file of our own, never through a link: O_CREAT | O_EXCL (which refuses any
+    // existing name, a planted symlink included) and O_NOFOLLOW. A stale name from an earlier
+    // process of this pid is unlinked first (unlinking a symlink never touches its target).
+    let open = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(0o600)
+            .open(&tmp)
+    };
+    let mut f = match open() {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::remove_file(&tmp).map_err(io)?;
+            open().map_err(io)?
+        }
+        r => r.map_err(io)?,
+    };
     f.write_all(&b).map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)?;
     Ok(())
@@ -177,7 +188,26 @@ fn read_share_file(shareable: u64) -> Res<(u64, hetmem::IpcHandle, Vec<i32>)> {
         ))
         .into()
     };
-    let b = std::fs::read(&path).map_err(|e| {
+    // Never through a link, and only a file of our own user (the IPC broker serves our uid only).
+    let read = || -> std::io::Result<Vec<u8>> {
+        use std::io::Read;
+        use std::os::unix::fs::MetadataExt;
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)?;
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        if f.metadata()?.uid() != me {
+            return Err(std::io::Error::other(format!(
+                "the file belongs to another user, not uid {me}"
+            )));
+        }
+        let mut b = Vec::new();
+        f.read_to_end(&mut b)?;
+        Ok(b)
+    };
+    let b = read().map_err(|e| {
         bad(format!(
             "{path:?}: {e} (not exported, or its physical memory was freed)"
         ))

@@ -152,3 +152,11 @@ fn c_threads_share_events_and_contexts_safely() {
     let out = common::run_ok("threads");
     assert!(out.contains("threads ok"), "{out}");
 }
+
+/// The shareable-handle file is created fresh (`O_EXCL | O_NOFOLLOW`): a symlink planted at its
+/// predictable name is never written through.
+#[test]
+fn c_shareable_handle_export_never_writes_through_a_planted_symlink() {
+    let out = common::run_ok("share_file_links");
+    assert!(out.contains("share file links ok"), "{out}");
+}

@@ -1702,7 +1702,7 @@ pub unsafe extern "C" fn zeEventPoolCreate(
         let p = rt::PoolObj {
             context: ctx,
             count: d.count,
-            used: parking_lot::Mutex::new(vec![false; d.count as usize]),
+            used: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
         };
         handle_out(
             phEventPool,
@@ -1739,29 +1739,26 @@ pub unsafe extern "C" fn zeEventCreate(
         flags_within(d.wait, 0x7, "event wait scope")?;
         {
             let mut used = p.used.lock();
-            match used.get_mut(d.index as usize) {
-                None => {
-                    return Err(fail(
-                        ZE_RESULT_ERROR_INVALID_ARGUMENT,
-                        format!(
-                            "event index {} is not below the pool's count {}",
-                            d.index, p.count
-                        ),
-                    ))
-                }
-                Some(true) => {
-                    return Err(fail(
-                        ZE_RESULT_ERROR_INVALID_ARGUMENT,
-                        format!("event index {} of the pool is already in use", d.index),
-                    ))
-                }
-                Some(s) => *s = true,
+            if d.index >= p.count {
+                return Err(fail(
+                    ZE_RESULT_ERROR_INVALID_ARGUMENT,
+                    format!(
+                        "event index {} is not below the pool's count {}",
+                        d.index, p.count
+                    ),
+                ));
+            }
+            if !used.insert(d.index) {
+                return Err(fail(
+                    ZE_RESULT_ERROR_INVALID_ARGUMENT,
+                    format!("event index {} of the pool is already in use", d.index),
+                ));
             }
         }
         let ev = match p.context.create_event() {
             Ok(e) => e,
             Err(e) => {
-                p.used.lock()[d.index as usize] = false;
+                p.used.lock().remove(&d.index);
                 return Err(ze(e));
             }
         };

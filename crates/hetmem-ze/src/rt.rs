@@ -56,7 +56,9 @@ pub struct ListObj {
 pub struct PoolObj {
     pub context: Context,
     pub count: u32,
-    pub used: Mutex<Vec<bool>>,
+    /// Indices with a live event (a set, so that a pool of 2^32 events costs nothing until
+    /// its events are made).
+    pub used: Mutex<std::collections::BTreeSet<u32>>,
 }
 
 /// An event of a pool, in slot `index`.
@@ -289,9 +291,7 @@ pub fn free_pool_slot(ev: &EventObj) {
         ..
     }) = registry().read().get(&ev.pool)
     {
-        if let Some(s) = p.used.lock().get_mut(ev.index as usize) {
-            *s = false;
-        }
+        p.used.lock().remove(&ev.index);
     }
 }
 

@@ -4,6 +4,20 @@
 
 use hetmem::{AccessAttribute, AllocDesc, PhysicalMemoryFlags, Runtime};
 
+/// `Context::host_memcpy` on buffers this test owns (or deliberately bad ones the call refuses
+/// before touching them).
+fn memcpy(ctx: &hetmem::Context, dst: usize, src: usize, n: usize) -> hetmem::Result<()> {
+    // SAFETY: every destination is memory this test owns and holds no reference into while
+    // the call runs; refused ranges are never touched.
+    unsafe { ctx.host_memcpy(dst, src, n) }
+}
+
+/// `Context::host_memset`, as [`memcpy`].
+fn memset(ctx: &hetmem::Context, ptr: usize, v: u8, n: usize) -> hetmem::Result<()> {
+    // SAFETY: as in `memcpy`.
+    unsafe { ctx.host_memset(ptr, v, n) }
+}
+
 fn rt() -> Runtime {
     Runtime::builder()
         .host_devices(2)
@@ -20,18 +34,16 @@ fn host_memcpy_copies_between_plain_host_memory_and_device_allocations() {
     let d = ctx.alloc_device(&dev, &AllocDesc::new(1 << 20)).unwrap();
     let src: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
     let mut back = vec![0u8; 4096];
-    ctx.host_memcpy(d, src.as_ptr() as usize, 4096).unwrap();
-    ctx.host_memcpy(back.as_mut_ptr() as usize, d, 4096)
-        .unwrap();
+    memcpy(&ctx, d, src.as_ptr() as usize, 4096).unwrap();
+    memcpy(&ctx, back.as_mut_ptr() as usize, d, 4096).unwrap();
     assert_eq!(back, src);
-    ctx.host_memset(d + 100, 0xab, 10).unwrap();
-    ctx.host_memcpy(back.as_mut_ptr() as usize, d, 4096)
-        .unwrap();
+    memset(&ctx, d + 100, 0xab, 10).unwrap();
+    memcpy(&ctx, back.as_mut_ptr() as usize, d, 4096).unwrap();
     assert!(back[100..110].iter().all(|&b| b == 0xab));
     assert_eq!(back[99], src[99]);
     assert_eq!(back[110], src[110]);
     // count 0 copies nothing but still needs pointers.
-    ctx.host_memcpy(d, src.as_ptr() as usize, 0).unwrap();
+    memcpy(&ctx, d, src.as_ptr() as usize, 0).unwrap();
     ctx.free_memory(d).unwrap();
 }
 
@@ -40,16 +52,14 @@ fn host_memcpy_rejects_null_unmapped_and_read_only_destinations() {
     let rt = rt();
     let ctx = rt.driver().create_context().unwrap();
     let buf = [1u8; 64];
-    let e = ctx.host_memcpy(0, buf.as_ptr() as usize, 8).unwrap_err();
+    let e = memcpy(&ctx, 0, buf.as_ptr() as usize, 8).unwrap_err();
     assert_eq!(e.acl_error(), 100_000, "{e}");
-    let e = ctx.host_memset(0, 0, 8).unwrap_err();
+    let e = memset(&ctx, 0, 0, 8).unwrap_err();
     assert_eq!(e.acl_error(), 100_000, "{e}");
     // A reservation with nothing mapped is not readable process memory.
     let r = ctx.reserve(None, 2 << 20).unwrap();
     let mut out = vec![0u8; 64];
-    let e = ctx
-        .host_memcpy(out.as_mut_ptr() as usize, r.base, 64)
-        .unwrap_err();
+    let e = memcpy(&ctx, out.as_mut_ptr() as usize, r.base, 64).unwrap_err();
     assert_eq!(e.acl_error(), 107_000, "{e}");
     assert!(e.message().contains("readable"), "{e}");
     // Read-only mapped memory is not a destination; nothing is written.
@@ -59,12 +69,12 @@ fn host_memcpy_rejects_null_unmapped_and_read_only_destinations() {
         .unwrap();
     ctx.map(r.base, 2 << 20, p, 0, AccessAttribute::ReadOnly)
         .unwrap();
-    let e = ctx.host_memset(r.base, 5, 16).unwrap_err();
+    let e = memset(&ctx, r.base, 5, 16).unwrap_err();
     assert_eq!(e.acl_error(), 107_000, "{e}");
     assert!(e.message().contains("writable"), "{e}");
     assert_eq!(unsafe { *(r.base as *const u8) }, 0);
     // Overflow is refused, not wrapped.
-    let e = ctx.host_memset(usize::MAX - 4, 0, 16).unwrap_err();
+    let e = memset(&ctx, usize::MAX - 4, 0, 16).unwrap_err();
     assert_eq!(e.acl_error(), 107_000, "{e}");
     ctx.free_reservation(r).unwrap();
     ctx.destroy_physical_memory(p).unwrap();

@@ -62,6 +62,22 @@ int main(void) {
     ed.index = 1;
     CHECK(zeEventCreate(pool, &ed, &evx), ZE_RESULT_ERROR_INVALID_ARGUMENT); /* slot in use */
     EXPECT(evx == NULL);
+    {
+        /* A pool of 2^32 - 1 events costs nothing until its events are made: its last index
+         * works, and the pool goes with its one event. */
+        ze_event_pool_desc_t big = pd;
+        big.count = 0xffffffffu;
+        ze_event_pool_handle_t bp = NULL;
+        ze_event_handle_t be = NULL;
+        OK(zeEventPoolCreate(e.ctx, &big, 1, e.dev, &bp));
+        ze_event_desc_t bd = ed;
+        bd.index = 0xfffffffeu;
+        OK(zeEventCreate(bp, &bd, &be));
+        OK(zeEventHostSignal(be));
+        OK(zeEventQueryStatus(be));
+        OK(zeEventDestroy(be));
+        OK(zeEventPoolDestroy(bp));
+    }
 
     void *src = NULL, *dst = NULL, *dev = NULL;
     OK(zeMemAllocHost(e.ctx, &HOST_DESC, N, 0, &src));

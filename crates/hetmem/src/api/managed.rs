@@ -423,7 +423,12 @@ impl Context {
     /// `ACL_ERROR_RT_PARAM_INVALID` (107000) for a range that is not mapped with the access
     /// needed, runs into managed memory or overflows; as [`Context::managed_memcpy`] when a side
     /// is managed.
-    pub fn host_memcpy(&self, dst: usize, src: usize, count: usize) -> Result<()> {
+    ///
+    /// # Safety
+    /// The checks above only prove the memory is mapped: the caller guarantees that `dst` may
+    /// be written (no Rust reference, no other owner depends on those bytes) and that nothing
+    /// writes `src` meanwhile. This is the C contract of `aclrtMemcpy`; a C ABI passes it on.
+    pub unsafe fn host_memcpy(&self, dst: usize, src: usize, count: usize) -> Result<()> {
         if dst == 0 || src == 0 {
             return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
         }
@@ -444,7 +449,10 @@ impl Context {
     /// Errors (nothing written): `ACL_ERROR_INVALID_PARAM` (100000) for a null pointer;
     /// `ACL_ERROR_RT_PARAM_INVALID` (107000) for a range not mapped writable, running into
     /// managed memory or overflowing; as [`Context::managed_memset`] when `ptr` is managed.
-    pub fn host_memset(&self, ptr: usize, value: u8, count: usize) -> Result<()> {
+    ///
+    /// # Safety
+    /// As [`Context::host_memcpy`]: the caller guarantees `[ptr, ptr + count)` may be written.
+    pub unsafe fn host_memset(&self, ptr: usize, value: u8, count: usize) -> Result<()> {
         if ptr == 0 {
             return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
         }
