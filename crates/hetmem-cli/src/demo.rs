@@ -243,11 +243,7 @@ fn run_kv_cache(args: &Args) -> Result<(), String> {
         })
         .collect();
 
-    let mut b = hetmem::RuntimeBuilder::from_env().map_err(|e| e.to_string())?;
-    if let Some(k) = &args.backend {
-        b = b.backend(hetmem::BackendKind::parse(k).map_err(|e| e.to_string())?);
-    }
-    let rt = b.build().map_err(|e| e.to_string())?;
+    let rt = crate::common::runtime_from_env(args.backend.as_deref())?;
     let drv = rt.driver();
     let ctx = drv.create_context().map_err(|e| e.to_string())?;
     let all = drv.devices();

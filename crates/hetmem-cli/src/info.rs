@@ -29,11 +29,7 @@ pub fn human(b: u64) -> String {
 }
 
 pub fn run(args: Args) -> Result<(), String> {
-    let mut b = hetmem::RuntimeBuilder::from_env().map_err(|e| e.to_string())?;
-    if let Some(k) = &args.backend {
-        b = b.backend(hetmem::BackendKind::parse(k).map_err(|e| e.to_string())?);
-    }
-    let rt = b.build().map_err(|e| e.to_string())?;
+    let rt = crate::common::runtime_from_env(args.backend.as_deref())?;
     let drv = rt.driver();
     let ctx = drv.create_context().map_err(|e| e.to_string())?;
     println!("backend:  {}", drv.backend_kind().name());

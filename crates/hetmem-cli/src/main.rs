@@ -1,6 +1,7 @@
 //! `hetmem`: information, the KV-cache demo, and benchmarks.
 
 mod bench;
+mod common;
 mod demo;
 mod info;
 

@@ -84,13 +84,7 @@ fn end_stamp(i: usize) -> u64 {
 }
 
 pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
-    let rt = Runtime::builder()
-        .host_devices(1)
-        .host_device_memory(2 << 30)
-        .build()
-        .map_err(e2s)?;
-    let dev = rt.driver().device(0).ok_or("no device")?;
-    let ctx = rt.driver().create_context().map_err(e2s)?;
+    let (_rt, dev, ctx) = crate::common::one_device(2 << 30)?;
     let r = ctx.reserve(None, OBJECTS * OBJECT).map_err(e2s)?;
     let mut objs = Vec::new();
     for i in 0..OBJECTS {

@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use hetmem::{Context, Location, Runtime, Stream, MANAGED_PAGE_SIZE as PAGE};
+use hetmem::{Context, Location, Stream, MANAGED_PAGE_SIZE as PAGE};
 use rustix::mm::{MapFlags, ProtFlags};
 
 use super::{e2s, median, Args, Row, Unit};
@@ -63,13 +63,7 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 }
 
 pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
-    let rt = Runtime::builder()
-        .host_devices(1)
-        .host_device_memory(2 * SIZE as u64)
-        .build()
-        .map_err(e2s)?;
-    let dev = rt.driver().device(0).ok_or("no device")?;
-    let ctx = rt.driver().create_context().map_err(e2s)?;
+    let (rt, dev, ctx) = crate::common::one_device(2 * SIZE as u64)?;
     let s = ctx.create_stream(&dev).map_err(e2s)?;
     let m = ctx.alloc_managed(SIZE as u64, 1).map_err(e2s)?;
     ctx.managed_memset(m, 0x5a, SIZE).map_err(e2s)?;

@@ -195,9 +195,7 @@ pub fn alternate(
     Ok((median(h), median(b)))
 }
 
-pub fn e2s(e: hetmem::Error) -> String {
-    e.to_string()
-}
+pub use crate::common::e2s;
 
 pub fn raw_memfd(size: usize) -> Result<OwnedFd, String> {
     let fd = rustix::fs::memfd_create("bench", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)

@@ -3,7 +3,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use hetmem::{AccessAttribute, Context, Device, PhysicalMemoryFlags, Runtime};
+use hetmem::{AccessAttribute, Context, Device, PhysicalMemoryFlags};
 use rustix::mm::{MapFlags, MprotectFlags, ProtFlags};
 
 use super::{
@@ -11,13 +11,7 @@ use super::{
 };
 
 pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
-    let rt = Runtime::builder()
-        .host_devices(1)
-        .host_device_memory(8 << 30)
-        .build()
-        .map_err(e2s)?;
-    let dev = rt.driver().device(0).ok_or("no device")?;
-    let ctx = rt.driver().create_context().map_err(e2s)?;
+    let (_rt, dev, ctx) = crate::common::one_device(8 << 30)?;
     let n = args.iters;
     let mut rows = Vec::new();
     let small = ctx.query_page_size(&dev, 1).map_err(e2s)?;

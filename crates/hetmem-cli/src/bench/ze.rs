@@ -14,7 +14,7 @@ use std::ffi::{c_void, CString};
 use std::path::PathBuf;
 use std::time::Instant;
 
-use hetmem::{AccessAttribute, AllocDesc, PhysicalMemoryFlags, Runtime};
+use hetmem::{AccessAttribute, AllocDesc, PhysicalMemoryFlags};
 
 use super::{alternate, e2s, json_extra, Args, Row, Unit};
 
@@ -179,13 +179,7 @@ fn row(op: &'static str, size: &'static str, key: &str, c: f64, rust: f64) -> Ro
 pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
     // SAFETY: the loader's entry points, called with valid arguments.
     let ze = unsafe { load()? };
-    let rt = Runtime::builder()
-        .host_devices(1)
-        .host_device_memory(2 << 30)
-        .build()
-        .map_err(e2s)?;
-    let dev = rt.driver().device(0).ok_or("no device")?;
-    let ctx = rt.driver().create_context().map_err(e2s)?;
+    let (_rt, dev, ctx) = crate::common::one_device(2 << 30)?;
     let n = args.iters;
     let mut rows = Vec::new();
     unsafe {

@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use hetmem::{AllocDesc, Context, Device, Event, FreePolicy, Runtime, SyncStatus};
+use hetmem::{AllocDesc, Context, Device, Event, FreePolicy, SyncStatus};
 
 use crate::info::human;
 
@@ -23,9 +23,7 @@ const MIB: usize = 1 << 20;
 /// The copy's size.
 const SIZE: usize = 512 * MIB;
 
-fn e2s(e: hetmem::Error) -> String {
-    e.to_string()
-}
+use crate::common::e2s;
 
 fn ms(d: Duration) -> String {
     format!("{:.3} ms", d.as_secs_f64() * 1e3)
@@ -66,13 +64,7 @@ fn check(ok: bool, what: &str) -> Result<(), String> {
 }
 
 pub fn run() -> Result<(), String> {
-    let rt = Runtime::builder()
-        .host_devices(1)
-        .host_device_memory(1 << 30)
-        .build()
-        .map_err(e2s)?;
-    let dev = rt.driver().device(0).ok_or("no device")?;
-    let ctx = rt.driver().create_context().map_err(e2s)?;
+    let (rt, dev, ctx) = crate::common::one_device(1 << 30)?;
     let cap = dev.info().capacity;
     println!(
         "free policies (zeMemFreeExt) on a queued {} copy host -> device; device capacity {}; \

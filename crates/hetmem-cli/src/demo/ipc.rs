@@ -19,9 +19,7 @@ use crate::info::human;
 const ROLE: &str = "HETMEM_DEMO_IPC_ROLE";
 const LAYERS: usize = 24;
 
-fn e2s(e: hetmem::Error) -> String {
-    e.to_string()
-}
+use crate::common::e2s;
 
 /// The tensors, largest first so that every map is aligned to its page size: per layer the
 /// attention (4 MiB) and MLP (8 MiB) weights, then the layer norms (64 KiB each).
@@ -52,13 +50,7 @@ pub fn run() -> Result<(), String> {
     if std::env::var(ROLE).as_deref() == Ok("server") {
         return server();
     }
-    let rt = Runtime::builder()
-        .host_devices(1)
-        .host_device_memory(1 << 30)
-        .build()
-        .map_err(e2s)?;
-    let dev = rt.driver().device(0).ok_or("no device")?;
-    let ctx = rt.driver().create_context().map_err(e2s)?;
+    let (_rt, dev, ctx) = crate::common::one_device(1 << 30)?;
     let ts = tensors();
     let total: usize = ts.iter().map(|t| t.1).sum();
     let page = ctx.query_page_size(&dev, total).map_err(e2s)?;

@@ -17,9 +17,7 @@ const ARRAY: usize = 256 * MIB;
 const CHUNK: usize = 16 * MIB;
 const DEVICE: u64 = 64 << 20;
 
-fn e2s(e: hetmem::Error) -> String {
-    e.to_string()
-}
+use crate::common::e2s;
 
 fn attrs(ctx: &Context, what: &str, p: usize, s: usize) -> Result<(), String> {
     let a = |x| ctx.managed_attr_i32(x, p, s).map_err(e2s);
@@ -58,13 +56,7 @@ pub fn run() -> Result<(), String> {
         human(DEVICE),
         human(CHUNK as u64)
     );
-    let rt = Runtime::builder()
-        .host_devices(1)
-        .host_device_memory(DEVICE)
-        .build()
-        .map_err(e2s)?;
-    let dev = rt.driver().device(0).ok_or("no device")?;
-    let ctx = rt.driver().create_context().map_err(e2s)?;
+    let (rt, dev, ctx) = crate::common::one_device(DEVICE)?;
     let t0 = std::time::Instant::now();
     let data = match ctx.alloc_managed(ARRAY as u64, 1) {
         Ok(p) => p,
