@@ -1720,6 +1720,9 @@ pub unsafe extern "C" fn zeEventPoolCreate(
 pub unsafe extern "C" fn zeEventPoolDestroy(hEventPool: H) -> ze_result_t {
     guard(|| {
         rt::pool(hEventPool)?;
+        for ev in rt::events_of_pool(hEventPool as u64) {
+            ev.event.check_destroy().map_err(ze)?;
+        }
         rt::remove_tree(hEventPool as u64);
         OK
     })
@@ -1775,7 +1778,7 @@ pub unsafe extern "C" fn zeEventCreate(
 #[no_mangle]
 pub unsafe extern "C" fn zeEventDestroy(hEvent: H) -> ze_result_t {
     guard(|| {
-        rt::event(hEvent)?;
+        rt::event(hEvent)?.event.check_destroy().map_err(ze)?;
         rt::remove_tree(hEvent as u64);
         OK
     })

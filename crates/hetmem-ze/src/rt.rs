@@ -251,6 +251,18 @@ pub fn parent_of(h: u64) -> u64 {
 
 /// Removes `h` and everything made from it; the objects are dropped after the lock is
 /// released. Returns whether `h` was live.
+/// The live events of event pool `pool`.
+pub fn events_of_pool(pool: u64) -> Vec<Arc<EventObj>> {
+    registry()
+        .read()
+        .values()
+        .filter_map(|e| match &e.obj {
+            Obj::Event(ev) if ev.pool == pool => Some(ev.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 pub fn remove_tree(h: u64) -> bool {
     let mut dropped = Vec::new();
     {

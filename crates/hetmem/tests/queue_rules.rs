@@ -1064,3 +1064,37 @@ fn driver_reports_the_free_policies_it_supports() {
     assert_eq!(FreePolicy::Blocking.raw(), 1);
     assert_eq!(FreePolicy::Defer.raw(), 2);
 }
+
+/// `zeEventDestroy`: "the application must ensure the device is not currently referencing the
+/// event" — an event that queued work waits on is `HandleObjectInUse` (destroying it would
+/// leave that work, and every unmap or free waiting for it, blocked forever); once the wait is
+/// over it can go. A pending signal does not hold it, nor does a list that only records a wait.
+#[test]
+fn an_event_waited_on_by_queued_or_recorded_work_cannot_be_destroyed() {
+    let (_rt, d0, _d1, ctx) = setup(64 << 20);
+    let buf = ctx.alloc_device(&d0, &AllocDesc::new(64 * KIB)).unwrap();
+    let gate = ctx.create_event().unwrap();
+    let done = ctx.create_event().unwrap();
+    assert!(gate.check_destroy().is_ok(), "a fresh event is free");
+    let l = ctx.create_immediate_command_list(&d0).unwrap();
+    l.append_memory_fill(buf, &[7], 4 * KIB, Some(&done), &[&gate])
+        .unwrap();
+    let e = gate.check_destroy().unwrap_err();
+    assert_eq!(e.ze_result(), 0x7800_0006, "{e}");
+    assert!(e.message().contains("1 queued"), "{e}");
+    // The signal the fill will send does not hold `done`.
+    assert!(done.check_destroy().is_ok());
+    // A clone is the same event: still in use.
+    assert_eq!(code(gate.clone().check_destroy()), 0x7800_0006);
+    gate.host_signal().unwrap();
+    assert_eq!(done.host_synchronize(FOREVER).unwrap(), SyncStatus::Ready);
+    l.host_synchronize(FOREVER).unwrap();
+    assert!(gate.check_destroy().is_ok(), "the batch finished");
+    // SAFETY: the fill has finished; the allocation is live.
+    assert_eq!(unsafe { bytes(buf, 4 * KIB) }[4 * KIB - 1], 7);
+    // A regular list that only records a wait does not hold the event.
+    let rl = ctx.create_command_list(&d0).unwrap();
+    rl.append_wait_on_events(&[&gate]).unwrap();
+    assert!(gate.check_destroy().is_ok());
+    ctx.free_memory(buf).unwrap();
+}

@@ -156,6 +156,18 @@ int main(void) {
     OK(zeEventHostSynchronize(ev[2], WAIT));
     EXPECT(((unsigned char *)dst)[4095] == 0xef);
     CHECK(zeCommandListAppendWaitOnEvents(il, 0, &ev[1]), ZE_RESULT_ERROR_INVALID_SIZE);
+    /* zeEventDestroy of an event that queued work waits on: HANDLE_OBJECT_IN_USE (the work, and
+     * every unmap or free waiting for it, would wait forever); once the wait is over it goes. */
+    OK(zeEventHostReset(ev[1]));
+    OK(zeEventHostReset(ev[2]));
+    OK(zeCommandListAppendMemoryFill(il, dst, &pat, 1, 4096, ev[2], 1, &ev[1]));
+    CHECK(zeEventDestroy(ev[1]), ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE);
+    CHECK(zeEventPoolDestroy(pool), ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE);
+    OK(zeEventHostSignal(ev[1]));
+    OK(zeEventHostSynchronize(ev[2], WAIT));
+    OK(zeEventDestroy(ev[1])); /* right after the later signal of the same work: not in use */
+    ed.index = 1;
+    OK(zeEventCreate(pool, &ed, &ev[1]));
     size_t rsz = 4096;
     const void *rptr = dst;
     OK(zeCommandListAppendMemoryRangesBarrier(il, 1, &rsz, &rptr, ev[3], 0, NULL));

@@ -16,9 +16,32 @@ pub use crate::semantics::queue::*;
 #[derive(Debug, Clone)]
 pub struct Event {
     flag: Arc<dyn EngineSync>,
+    /// One strong count per API clone of this event.
+    clones: Arc<()>,
+    /// The wait token: one strong count per API clone, and one per command that waits on the
+    /// event, from its submission until its wait is over.
+    waits: Arc<()>,
 }
 
 impl Event {
+    /// The check of `zeEventDestroy` ("the application must ensure the device is not currently
+    /// referencing the event"): refused while a command that waits on the event is queued and
+    /// its wait is not over, since destroying the event then
+    /// would leave that work waiting for a signal nobody can send (and every unmap, free or
+    /// teardown that waits for that work with it). A pending signal does not hold the event.
+    /// Changes nothing; the event goes when its last clone is dropped.
+    ///
+    /// Errors: `HandleObjectInUse` naming how many commands still wait on it.
+    pub fn check_destroy(&self) -> Result<()> {
+        let work = Arc::strong_count(&self.waits).saturating_sub(Arc::strong_count(&self.clones));
+        if work > 0 {
+            return Err(Error::HandleObjectInUse(format!(
+                "{work} queued command(s) wait on the event; destroy it once their waits are over"
+            )));
+        }
+        Ok(())
+    }
+
     /// Signals the event from the host (`zeEventHostSignal`); signalling a signalled event
     /// keeps it signalled. Wakes every host and engine wait on it.
     ///
@@ -390,6 +413,8 @@ impl Context {
     pub fn create_event(&self) -> Result<Event> {
         Ok(Event {
             flag: self.driver().shared.backend.create_sync()?,
+            clones: Arc::new(()),
+            waits: Arc::new(()),
         })
     }
 }
@@ -448,6 +473,7 @@ impl Context {
 
 /// The commands of one append: waits on `wait`, `core`, then a signal of `signal`.
 fn event_cmds(core: Option<Cmd>, signal: Option<&Event>, wait: &[&Event]) -> Vec<Cmd> {
-    let wait: Vec<&Arc<dyn EngineSync>> = wait.iter().map(|e| &e.flag).collect();
+    let wait: Vec<(&Arc<dyn EngineSync>, &Arc<()>)> =
+        wait.iter().map(|e| (&e.flag, &e.waits)).collect();
     with_events(core, signal.map(|e| &e.flag), &wait)
 }

@@ -194,8 +194,11 @@ pub(crate) enum Cmd {
     },
     /// Signals an event's sync object.
     Signal(Arc<dyn EngineSync>),
-    /// Waits for every one of these events' sync objects.
-    Wait(Vec<Arc<dyn EngineSync>>),
+    /// Waits for every one of these events' sync objects; each comes with its event's wait
+    /// token, taken (upgraded) when the command is queued and held by the engine until the
+    /// waits are over, so that the event can tell queued work waits on it
+    /// ([`crate::Event::check_destroy`]); a command merely recorded in a list does not hold it.
+    Wait(Vec<(Arc<dyn EngineSync>, std::sync::Weak<()>)>),
 }
 
 impl Cmd {
@@ -240,7 +243,13 @@ pub(crate) fn engine_ops(cmds: &[Cmd]) -> Vec<EngineOp> {
             }),
             Cmd::Signal(e) => ops.push(EngineOp::Signal(e.clone())),
             // One wait per event: the batch goes on once all are signalled.
-            Cmd::Wait(evs) => ops.extend(evs.iter().map(|e| EngineOp::Wait(e.clone()))),
+            Cmd::Wait(evs) => {
+                ops.extend(evs.iter().map(|e| EngineOp::Wait(e.0.clone())));
+                // The events stay "waited on" until the waits are over (not until the batch
+                // ends: a host woken by a later signal of this batch may destroy them).
+                let tokens: Vec<Arc<()>> = evs.iter().filter_map(|e| e.1.upgrade()).collect();
+                ops.push(EngineOp::Host(Box::new(move || drop(tokens))));
+            }
         }
     }
     ops
@@ -250,11 +259,15 @@ pub(crate) fn engine_ops(cmds: &[Cmd]) -> Vec<EngineOp> {
 pub(crate) fn with_events(
     core: Option<Cmd>,
     signal: Option<&Arc<dyn EngineSync>>,
-    wait: &[&Arc<dyn EngineSync>],
+    wait: &[(&Arc<dyn EngineSync>, &Arc<()>)],
 ) -> Vec<Cmd> {
     let mut v = Vec::with_capacity(3);
     if !wait.is_empty() {
-        v.push(Cmd::Wait(wait.iter().map(|&e| e.clone()).collect()));
+        v.push(Cmd::Wait(
+            wait.iter()
+                .map(|&(e, t)| (e.clone(), Arc::downgrade(t)))
+                .collect(),
+        ));
     }
     v.extend(core);
     if let Some(e) = signal {
