@@ -49,44 +49,11 @@ pub struct PlatformFacts {
     pub max_map_count: Option<u64>,
 }
 
-/// Reads the [`PlatformFacts`]. Changes nothing.
-pub(crate) fn platform_facts() -> PlatformFacts {
-    PlatformFacts {
-        total_ram: host::total_ram(),
-        page_size: host::os_page_size(),
-        open_file_limit: host::fd_limit(),
-        max_map_count: host::max_map_count(),
-    }
-}
-
-/// Open file descriptors of this process now (entries of `/proc/self/fd`).
-pub(crate) fn open_fd_count() -> usize {
-    host::open_fd_count()
-}
-
-/// Mappings (VMAs) of this process now (lines of `/proc/self/maps`).
-pub(crate) fn mapping_count() -> usize {
-    host::mapping_count()
-}
-
-/// The NUMA nodes of this machine, ascending (`[0]` if none is listed).
-pub(crate) fn numa_nodes() -> Vec<u32> {
-    host::numa_nodes()
-}
-
-/// The NUMA node of the calling thread's CPU (0 if unknown).
-pub(crate) fn current_numa_node() -> u32 {
-    host::current_numa_node()
-}
-
-/// Copies with the platform's copy routine (see [`crate::platform::stream_copy`]).
-///
-/// # Safety
-/// As [`crate::platform::stream_copy`].
-pub(crate) unsafe fn stream_copy(dst: usize, src: usize, len: usize) {
-    // SAFETY: forwarded contract.
-    unsafe { host::stream_copy(dst, src, len) }
-}
+// The platform's facts and helpers, from the one platform this build has (Linux): see each
+// function's docs in `host`.
+pub(crate) use host::{
+    current_numa_node, mapping_count, numa_nodes, open_fd_count, platform_facts, stream_copy,
+};
 
 /// A device as the backend sees it. All sizes in bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -72,6 +72,17 @@ pub(crate) fn raise_fd_limit() -> u64 {
     getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
 }
 
+/// Reads the [`PlatformFacts`](super::PlatformFacts) of this machine and process (`sysinfo(2)`,
+/// the page size, `getrlimit(RLIMIT_NOFILE)`, `/proc/sys/vm/max_map_count`). Changes nothing.
+pub(crate) fn platform_facts() -> super::PlatformFacts {
+    super::PlatformFacts {
+        total_ram: total_ram(),
+        page_size: os_page_size(),
+        open_file_limit: fd_limit(),
+        max_map_count: max_map_count(),
+    }
+}
+
 /// The soft limit of open files now in force (`getrlimit(RLIMIT_NOFILE)`); `None` if unlimited.
 pub(crate) fn fd_limit() -> Option<u64> {
     rustix::process::getrlimit(rustix::process::Resource::Nofile).current
