@@ -8,8 +8,9 @@ use std::ffi::{c_char, c_void, CStr};
 use std::sync::Arc;
 
 use hetmem::{
-    AccessAttribute, AllocDesc, CompressionHint, Event, FreePolicy, IpcHandle, IpcHandleTypes,
-    IpcProperties, MemoryType, PhysicalMemoryFlags, SyncStatus,
+    AccessAttribute, AllocDesc, CommandListDesc, CommandQueueDesc, CompressionHint, Event, FlagSet,
+    FreePolicy, IpcHandle, IpcHandleTypes, IpcProperties, MemoryAdvice, MemoryType,
+    PhysicalMemoryFlags, SyncStatus,
 };
 
 use crate::rt::{self, fail, guard, ze, Kind, Obj, ZeResult};
@@ -139,14 +140,9 @@ unsafe fn walk(mut p: *const c_void, accept: Accept) -> Result<Chain, u32> {
     ))
 }
 
-fn flags_within(v: u32, all: u32, what: &str) -> Result<(), u32> {
-    if v & !all != 0 {
-        return Err(fail(
-            ZE_RESULT_ERROR_INVALID_ENUMERATION,
-            format!("{what} {v:#x} has bits outside {all:#x}"),
-        ));
-    }
-    Ok(())
+/// Checks a C flags field with hetmem's decoder of its flag set.
+fn flags(set: FlagSet, v: u32) -> Result<u32, u32> {
+    set.check(v).map_err(ze)
 }
 
 fn handle_out(p: *mut H, h: u64) {
@@ -160,11 +156,7 @@ fn handle_out(p: *mut H, h: u64) {
 #[no_mangle]
 pub unsafe extern "C" fn zeInit(flags: u32) -> ze_result_t {
     guard(|| {
-        flags_within(
-            flags,
-            ZE_INIT_FLAG_GPU_ONLY | ZE_INIT_FLAG_VPU_ONLY,
-            "zeInit flags",
-        )?;
+        self::flags(FlagSet::Init, flags)?;
         if flags == ZE_INIT_FLAG_VPU_ONLY {
             return Err(fail(
                 ZE_RESULT_ERROR_UNINITIALIZED,
@@ -469,7 +461,7 @@ pub unsafe extern "C" fn zeDeviceGetModuleProperties(
 }
 
 /// Queues of the one queue group (each queue has its own engine).
-pub const QUEUES_PER_GROUP: u32 = 64;
+pub use hetmem::QUEUES_PER_GROUP;
 
 #[no_mangle]
 pub unsafe extern "C" fn zeDeviceGetCommandQueueGroupProperties(
@@ -673,7 +665,7 @@ pub unsafe extern "C" fn zeContextCreateEx(
         let s = rt::driver(hDriver)?;
         let d = inp(desc, "desc")?;
         out(phContext, "phContext")?;
-        flags_within(d.flags, 0x1, "context flags")?;
+        flags(FlagSet::Context, d.flags)?;
         if numDevices > 0 && phDevices.is_null() {
             return Err(fail(
                 ZE_RESULT_ERROR_INVALID_SIZE,
@@ -790,7 +782,7 @@ pub unsafe extern "C" fn zeMemAllocDevice(
         let dev = rt::device(hDevice)?;
         let dd = inp(device_desc, "device_desc")?;
         out(pptr, "pptr")?;
-        flags_within(dd.flags, DEVICE_MEM_ALLOC_FLAGS_ALL, "device_desc->flags")?;
+        flags(FlagSet::DeviceAlloc, dd.flags)?;
         let c = walk(dd.pNext, ALLOC_DEVICE)?;
         let desc = alloc_desc(size, alignment, &c);
         let p = match c.ipc_types {
@@ -815,21 +807,12 @@ pub unsafe extern "C" fn zeMemAllocHost(
         let ctx = rt::context(hContext)?;
         let hd = inp(host_desc, "host_desc")?;
         out(pptr, "pptr")?;
-        flags_within(hd.flags, HOST_MEM_ALLOC_FLAGS_ALL, "host_desc->flags")?;
+        flags(FlagSet::HostAlloc, hd.flags)?;
         let c = walk(hd.pNext, ALLOC_HOST)?;
         let p = if let Some((sys, sys_size)) = c.sysmem {
-            // The descriptor names the memory; the call's size must agree with it.
-            if sys_size != size as u64 {
-                return Err(fail(
-                    ZE_RESULT_ERROR_INVALID_ARGUMENT,
-                    format!(
-                        "size {size:#x} differs from the system-memory descriptor's size \
-                         {sys_size:#x}"
-                    ),
-                ));
-            }
             let read_only = hd.flags & ZE_HOST_MEM_ALLOC_FLAG_MEM_READ_ONLY != 0;
-            ctx.import_system_memory(sys, size, read_only)
+            let desc = AllocDesc::new(size).system_memory_sized(sys, sys_size, read_only);
+            ctx.alloc_host(&desc)
         } else {
             let desc = alloc_desc(size, alignment, &c);
             match c.ipc_types {
@@ -863,8 +846,8 @@ pub unsafe extern "C" fn zeMemAllocShared(
         let dd = inp(device_desc, "device_desc")?;
         let hd = inp(host_desc, "host_desc")?;
         out(pptr, "pptr")?;
-        flags_within(dd.flags, DEVICE_MEM_ALLOC_FLAGS_ALL, "device_desc->flags")?;
-        flags_within(hd.flags, HOST_MEM_ALLOC_FLAGS_ALL, "host_desc->flags")?;
+        flags(FlagSet::DeviceAlloc, dd.flags)?;
+        flags(FlagSet::HostAlloc, hd.flags)?;
         let c1 = walk(dd.pNext, ALLOC_SHARED)?;
         let c2 = walk(hd.pNext, ALLOC_SHARED)?;
         let c = Chain {
@@ -1190,17 +1173,12 @@ pub unsafe extern "C" fn zePhysicalMemGetProperties(
     pMemProperties: *mut ze_physical_mem_properties_t,
 ) -> ze_result_t {
     guard(|| {
-        rt::context(hContext)?;
+        let ctx = rt::context(hContext)?;
         let p = rt::physical(hPhysicalMemory)?;
-        if rt::parent_of(hPhysicalMemory as u64) != hContext as u64 {
-            return Err(fail(
-                ZE_RESULT_ERROR_INVALID_ARGUMENT,
-                "the physical memory object belongs to another context",
-            ));
-        }
         let o = out(pMemProperties, "pMemProperties")?;
-        o.id = p.id;
-        o.size = p.size as u64;
+        let props = ctx.physical_memory_properties(&p).map_err(ze)?;
+        o.id = props.id;
+        o.size = props.size as u64;
         OK
     })
 }
@@ -1275,36 +1253,9 @@ pub unsafe extern "C" fn zeVirtualMemGetAccessAttribute(
 // ---------------------------------------------------------------------------------------------
 // Command queues and lists
 
-/// Decodes a queue descriptor: ordinal 0 (the one group), index below the group's queues,
-/// flags / mode / priority within their enums. Returns whether the mode is synchronous.
-fn queue_desc(d: &ze_command_queue_desc_t) -> Result<bool, u32> {
-    flags_within(d.flags, 0x3, "queue flags")?;
-    if d.mode > 2 {
-        return Err(fail(
-            ZE_RESULT_ERROR_INVALID_ENUMERATION,
-            format!(
-                "queue mode {} is not DEFAULT, SYNCHRONOUS or ASYNCHRONOUS",
-                d.mode
-            ),
-        ));
-    }
-    if d.priority > 2 {
-        return Err(fail(
-            ZE_RESULT_ERROR_INVALID_ENUMERATION,
-            format!("queue priority {} is not NORMAL, LOW or HIGH", d.priority),
-        ));
-    }
-    if d.ordinal != 0 || d.index >= QUEUES_PER_GROUP {
-        return Err(fail(
-            ZE_RESULT_ERROR_INVALID_ARGUMENT,
-            format!(
-                "queue group ordinal {} / index {}: the device has one group (ordinal 0) of \
-                 {QUEUES_PER_GROUP} queues",
-                d.ordinal, d.index
-            ),
-        ));
-    }
-    Ok(d.mode == ZE_COMMAND_QUEUE_MODE_SYNCHRONOUS)
+/// Decodes a queue descriptor with hetmem's decoder ([`CommandQueueDesc::from_raw`]).
+fn queue_desc(d: &ze_command_queue_desc_t) -> Result<CommandQueueDesc, u32> {
+    CommandQueueDesc::from_raw(d.ordinal, d.index, d.flags, d.mode, d.priority).map_err(ze)
 }
 
 #[no_mangle]
@@ -1319,8 +1270,9 @@ pub unsafe extern "C" fn zeCommandQueueCreate(
         let dev = rt::device(hDevice)?;
         let d = inp(desc, "desc")?;
         out(phCommandQueue, "phCommandQueue")?;
-        let synchronous = queue_desc(d)?;
-        let q = ctx.create_command_queue(&dev).map_err(ze)?;
+        let qd = queue_desc(d)?;
+        let synchronous = qd.is_synchronous();
+        let q = ctx.create_command_queue_with(&dev, &qd).map_err(ze)?;
         let obj = Obj::Queue(Arc::new(rt::QueueObj {
             queue: q,
             synchronous,
@@ -1398,17 +1350,8 @@ pub unsafe extern "C" fn zeCommandListCreate(
         let dev = rt::device(hDevice)?;
         let d = inp(desc, "desc")?;
         out(phCommandList, "phCommandList")?;
-        flags_within(d.flags, 0x1f, "command list flags")?;
-        if d.commandQueueGroupOrdinal != 0 {
-            return Err(fail(
-                ZE_RESULT_ERROR_INVALID_ARGUMENT,
-                format!(
-                    "commandQueueGroupOrdinal {}: the device has one group (ordinal 0)",
-                    d.commandQueueGroupOrdinal
-                ),
-            ));
-        }
-        let l = ctx.create_command_list(&dev).map_err(ze)?;
+        let ld = CommandListDesc::from_raw(d.commandQueueGroupOrdinal, d.flags).map_err(ze)?;
+        let l = ctx.create_command_list_with(&dev, &ld).map_err(ze)?;
         let obj = Obj::List(Arc::new(rt::ListObj {
             list: l,
             synchronous: false,
@@ -1430,8 +1373,11 @@ pub unsafe extern "C" fn zeCommandListCreateImmediate(
         let dev = rt::device(hDevice)?;
         let d = inp(altdesc, "altdesc")?;
         out(phCommandList, "phCommandList")?;
-        let synchronous = queue_desc(d)?;
-        let l = ctx.create_immediate_command_list(&dev).map_err(ze)?;
+        let qd = queue_desc(d)?;
+        let synchronous = qd.is_synchronous();
+        let l = ctx
+            .create_immediate_command_list_with(&dev, &qd)
+            .map_err(ze)?;
         let obj = Obj::List(Arc::new(rt::ListObj {
             list: l,
             synchronous,
@@ -1661,12 +1607,7 @@ pub unsafe extern "C" fn zeCommandListAppendMemAdvise(
         if ptr.is_null() {
             return Err(null_ptr("ptr"));
         }
-        if advice > 9 {
-            return Err(fail(
-                ZE_RESULT_ERROR_INVALID_ENUMERATION,
-                format!("memory advice {advice} is past the last ze_memory_advice_t (9)"),
-            ));
-        }
+        MemoryAdvice::from_raw(advice).map_err(ze)?;
         OK
     })
 }
@@ -1686,10 +1627,7 @@ pub unsafe extern "C" fn zeEventPoolCreate(
         let ctx = rt::context(hContext)?;
         let d = inp(desc, "desc")?;
         out(phEventPool, "phEventPool")?;
-        flags_within(d.flags, 0xf, "event pool flags")?;
-        if d.count == 0 {
-            return Err(fail(ZE_RESULT_ERROR_INVALID_SIZE, "event pool count is 0"));
-        }
+        flags(FlagSet::EventPool, d.flags)?;
         if numDevices > 0 && phDevices.is_null() {
             return Err(fail(
                 ZE_RESULT_ERROR_INVALID_SIZE,
@@ -1699,11 +1637,7 @@ pub unsafe extern "C" fn zeEventPoolCreate(
         for i in 0..numDevices as usize {
             rt::device(*phDevices.add(i))?;
         }
-        let p = rt::PoolObj {
-            context: ctx,
-            count: d.count,
-            used: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
-        };
+        let p = ctx.create_event_pool(d.count).map_err(ze)?;
         handle_out(
             phEventPool,
             rt::insert(
@@ -1738,37 +1672,12 @@ pub unsafe extern "C" fn zeEventCreate(
         let p = rt::pool(hEventPool)?;
         let d = inp(desc, "desc")?;
         out(phEvent, "phEvent")?;
-        flags_within(d.signal, 0x7, "event signal scope")?;
-        flags_within(d.wait, 0x7, "event wait scope")?;
-        {
-            let mut used = p.used.lock();
-            if d.index >= p.count {
-                return Err(fail(
-                    ZE_RESULT_ERROR_INVALID_ARGUMENT,
-                    format!(
-                        "event index {} is not below the pool's count {}",
-                        d.index, p.count
-                    ),
-                ));
-            }
-            if !used.insert(d.index) {
-                return Err(fail(
-                    ZE_RESULT_ERROR_INVALID_ARGUMENT,
-                    format!("event index {} of the pool is already in use", d.index),
-                ));
-            }
-        }
-        let ev = match p.context.create_event() {
-            Ok(e) => e,
-            Err(e) => {
-                p.used.lock().remove(&d.index);
-                return Err(ze(e));
-            }
-        };
+        flags(FlagSet::EventScope, d.signal)?;
+        flags(FlagSet::EventScope, d.wait)?;
+        let ev = p.create_event(d.index).map_err(ze)?;
         let obj = Obj::Event(Arc::new(rt::EventObj {
             event: ev,
             pool: hEventPool as u64,
-            index: d.index,
         }));
         handle_out(phEvent, rt::insert(Kind::Event, obj, hEventPool as u64));
         OK
@@ -1827,14 +1736,11 @@ pub unsafe extern "C" fn zeFenceCreate(
         let q = rt::queue(hCommandQueue)?;
         let d = inp(desc, "desc")?;
         out(phFence, "phFence")?;
-        flags_within(d.flags, ZE_FENCE_FLAG_SIGNALED, "fence flags")?;
-        if d.flags & ZE_FENCE_FLAG_SIGNALED != 0 {
-            return Err(fail(
-                ZE_RESULT_ERROR_UNSUPPORTED_ENUMERATION,
-                "fences created signalled (ZE_FENCE_FLAG_SIGNALED) are not supported",
-            ));
-        }
-        let f = q.queue.create_fence().map_err(ze)?;
+        let fl = flags(FlagSet::Fence, d.flags)?;
+        let f = q
+            .queue
+            .create_fence(fl & ZE_FENCE_FLAG_SIGNALED != 0)
+            .map_err(ze)?;
         handle_out(
             phFence,
             rt::insert(Kind::Fence, Obj::Fence(Arc::new(f)), hCommandQueue as u64),
