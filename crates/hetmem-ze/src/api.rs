@@ -41,6 +41,53 @@ fn sync(s: SyncStatus) -> ZeResult {
     Ok(s.ze_result())
 }
 
+/// The whole body of a call that is one method of one handle: looks `h` up with `get`, runs
+/// `f` on the object and answers `SUCCESS` or `f`'s error code.
+fn on<T>(
+    get: impl FnOnce(H) -> Result<T, u32>,
+    h: H,
+    f: impl FnOnce(&T) -> hetmem::Result<()>,
+) -> ze_result_t {
+    guard(|| {
+        f(&get(h)?).map_err(ze)?;
+        OK
+    })
+}
+
+/// [`on`] for a wait or a query: answers the [`SyncStatus`] (`SUCCESS` or `NOT_READY`).
+fn on_sync<T>(
+    get: impl FnOnce(H) -> Result<T, u32>,
+    h: H,
+    f: impl FnOnce(&T) -> hetmem::Result<SyncStatus>,
+) -> ze_result_t {
+    guard(|| sync(f(&get(h)?).map_err(ze)?))
+}
+
+/// The whole body of a device property query: checks `hDevice`, then fills `*p` (null:
+/// `INVALID_NULL_POINTER` naming `what`) with `f`.
+unsafe fn device_out<T>(
+    hDevice: H,
+    p: *mut T,
+    what: &str,
+    f: impl FnOnce(&hetmem::Device, &mut T),
+) -> ze_result_t {
+    guard(|| {
+        let d = rt::device(hDevice)?;
+        f(&d, out(p, what)?);
+        OK
+    })
+}
+
+/// The whole body of a destroy: checks `h` with `get`, then removes it and everything made
+/// from it.
+fn destroy<T>(get: impl FnOnce(H) -> Result<T, u32>, h: H) -> ze_result_t {
+    guard(|| {
+        get(h)?;
+        rt::remove_tree(h as u64);
+        OK
+    })
+}
+
 /// The count protocol of `zeDriverGet`, `zeDeviceGet`, …: `*pCount == 0` or no array asks for
 /// the number; otherwise up to `*pCount` items are written and `*pCount` becomes the number
 /// written.
@@ -388,9 +435,7 @@ pub unsafe extern "C" fn zeDeviceGetProperties(
     hDevice: H,
     pDeviceProperties: *mut ze_device_properties_t,
 ) -> ze_result_t {
-    guard(|| {
-        let d = rt::device(hDevice)?;
-        let p = out(pDeviceProperties, "pDeviceProperties")?;
+    device_out(hDevice, pDeviceProperties, "pDeviceProperties", |d, p| {
         let info = d.info();
         p.r#type = ZE_DEVICE_TYPE_GPU;
         p.vendorId = 0;
@@ -413,7 +458,6 @@ pub unsafe extern "C" fn zeDeviceGetProperties(
         u[14..16].copy_from_slice(&(d.ordinal() as u16).to_le_bytes());
         p.uuid.id = u;
         copy_str(&mut p.name, &info.name);
-        OK
     })
 }
 
@@ -422,9 +466,7 @@ pub unsafe extern "C" fn zeDeviceGetComputeProperties(
     hDevice: H,
     p: *mut ze_device_compute_properties_t,
 ) -> ze_result_t {
-    guard(|| {
-        rt::device(hDevice)?;
-        let p = out(p, "pComputeProperties")?;
+    device_out(hDevice, p, "pComputeProperties", |_, p| {
         p.maxTotalGroupSize = 1;
         p.maxGroupSizeX = 1;
         p.maxGroupSizeY = 1;
@@ -435,7 +477,6 @@ pub unsafe extern "C" fn zeDeviceGetComputeProperties(
         p.maxSharedLocalMemory = 0;
         p.numSubGroupSizes = 1;
         p.subGroupSizes = [1, 0, 0, 0, 0, 0, 0, 0];
-        OK
     })
 }
 
@@ -444,9 +485,7 @@ pub unsafe extern "C" fn zeDeviceGetModuleProperties(
     hDevice: H,
     p: *mut ze_device_module_properties_t,
 ) -> ze_result_t {
-    guard(|| {
-        rt::device(hDevice)?;
-        let p = out(p, "pModuleProperties")?;
+    device_out(hDevice, p, "pModuleProperties", |_, p| {
         // No kernels run on hetmem devices: no SPIR-V version, no native kernels.
         p.spirvVersionSupported = 0;
         p.flags = 0;
@@ -456,7 +495,6 @@ pub unsafe extern "C" fn zeDeviceGetModuleProperties(
         p.maxArgumentsSize = 0;
         p.printfBufferSize = 0;
         p.nativeKernelSupported.id = [0; 16];
-        OK
     })
 }
 
@@ -504,9 +542,7 @@ pub unsafe extern "C" fn zeDeviceGetMemoryAccessProperties(
     hDevice: H,
     p: *mut ze_device_memory_access_properties_t,
 ) -> ze_result_t {
-    guard(|| {
-        rt::device(hDevice)?;
-        let p = out(p, "pMemAccessProperties")?;
+    device_out(hDevice, p, "pMemAccessProperties", |_, p| {
         let all = ZE_MEMORY_ACCESS_CAP_FLAG_RW
             | ZE_MEMORY_ACCESS_CAP_FLAG_ATOMIC
             | ZE_MEMORY_ACCESS_CAP_FLAG_CONCURRENT
@@ -517,7 +553,6 @@ pub unsafe extern "C" fn zeDeviceGetMemoryAccessProperties(
         p.sharedCrossDeviceAllocCapabilities = all;
         // Plain system memory is reachable only once imported.
         p.sharedSystemAllocCapabilities = 0;
-        OK
     })
 }
 
@@ -538,9 +573,7 @@ pub unsafe extern "C" fn zeDeviceGetImageProperties(
     hDevice: H,
     p: *mut ze_device_image_properties_t,
 ) -> ze_result_t {
-    guard(|| {
-        rt::device(hDevice)?;
-        let p = out(p, "pImageProperties")?;
+    device_out(hDevice, p, "pImageProperties", |_, p| {
         // No image support: every limit is 0.
         p.maxImageDims1D = 0;
         p.maxImageDims2D = 0;
@@ -550,7 +583,6 @@ pub unsafe extern "C" fn zeDeviceGetImageProperties(
         p.maxSamplers = 0;
         p.maxReadImageArgs = 0;
         p.maxWriteImageArgs = 0;
-        OK
     })
 }
 
@@ -559,14 +591,11 @@ pub unsafe extern "C" fn zeDeviceGetExternalMemoryProperties(
     hDevice: H,
     p: *mut ze_device_external_memory_properties_t,
 ) -> ze_result_t {
-    guard(|| {
-        rt::device(hDevice)?;
-        let p = out(p, "pExternalMemoryProperties")?;
+    device_out(hDevice, p, "pExternalMemoryProperties", |_, p| {
         p.memoryAllocationImportTypes = 0;
         p.memoryAllocationExportTypes = 0;
         p.imageImportTypes = 0;
         p.imageExportTypes = 0;
-        OK
     })
 }
 
@@ -683,11 +712,7 @@ pub unsafe extern "C" fn zeContextCreateEx(
 
 #[no_mangle]
 pub unsafe extern "C" fn zeContextDestroy(hContext: H) -> ze_result_t {
-    guard(|| {
-        rt::context(hContext)?;
-        rt::remove_tree(hContext as u64);
-        OK
-    })
+    destroy(rt::context, hContext)
 }
 
 #[no_mangle]
@@ -1287,11 +1312,7 @@ pub unsafe extern "C" fn zeCommandQueueCreate(
 
 #[no_mangle]
 pub unsafe extern "C" fn zeCommandQueueDestroy(hCommandQueue: H) -> ze_result_t {
-    guard(|| {
-        rt::queue(hCommandQueue)?;
-        rt::remove_tree(hCommandQueue as u64);
-        OK
-    })
+    destroy(rt::queue, hCommandQueue)
 }
 
 #[no_mangle]
@@ -1328,14 +1349,7 @@ pub unsafe extern "C" fn zeCommandQueueExecuteCommandLists(
 
 #[no_mangle]
 pub unsafe extern "C" fn zeCommandQueueSynchronize(hCommandQueue: H, timeout: u64) -> ze_result_t {
-    guard(|| {
-        sync(
-            rt::queue(hCommandQueue)?
-                .queue
-                .synchronize(timeout)
-                .map_err(ze)?,
-        )
-    })
+    on_sync(rt::queue, hCommandQueue, |q| q.queue.synchronize(timeout))
 }
 
 #[no_mangle]
@@ -1389,27 +1403,17 @@ pub unsafe extern "C" fn zeCommandListCreateImmediate(
 
 #[no_mangle]
 pub unsafe extern "C" fn zeCommandListDestroy(hCommandList: H) -> ze_result_t {
-    guard(|| {
-        rt::list(hCommandList)?;
-        rt::remove_tree(hCommandList as u64);
-        OK
-    })
+    destroy(rt::list, hCommandList)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn zeCommandListClose(hCommandList: H) -> ze_result_t {
-    guard(|| {
-        rt::list(hCommandList)?.list.close().map_err(ze)?;
-        OK
-    })
+    on(rt::list, hCommandList, |l| l.list.close())
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn zeCommandListReset(hCommandList: H) -> ze_result_t {
-    guard(|| {
-        rt::list(hCommandList)?.list.reset().map_err(ze)?;
-        OK
-    })
+    on(rt::list, hCommandList, |l| l.list.reset())
 }
 
 #[no_mangle]
@@ -1417,14 +1421,7 @@ pub unsafe extern "C" fn zeCommandListHostSynchronize(
     hCommandList: H,
     timeout: u64,
 ) -> ze_result_t {
-    guard(|| {
-        sync(
-            rt::list(hCommandList)?
-                .list
-                .host_synchronize(timeout)
-                .map_err(ze)?,
-        )
-    })
+    on_sync(rt::list, hCommandList, |l| l.list.host_synchronize(timeout))
 }
 
 /// The signal event and the wait list of an append.
@@ -1686,44 +1683,31 @@ pub unsafe extern "C" fn zeEventCreate(
 
 #[no_mangle]
 pub unsafe extern "C" fn zeEventDestroy(hEvent: H) -> ze_result_t {
-    guard(|| {
-        rt::event(hEvent)?.event.check_destroy().map_err(ze)?;
+    on(rt::event, hEvent, |e| {
+        e.event.check_destroy()?;
         rt::remove_tree(hEvent as u64);
-        OK
+        Ok(())
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn zeEventHostSignal(hEvent: H) -> ze_result_t {
-    guard(|| {
-        rt::event(hEvent)?.event.host_signal().map_err(ze)?;
-        OK
-    })
+    on(rt::event, hEvent, |e| e.event.host_signal())
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn zeEventHostSynchronize(hEvent: H, timeout: u64) -> ze_result_t {
-    guard(|| {
-        sync(
-            rt::event(hEvent)?
-                .event
-                .host_synchronize(timeout)
-                .map_err(ze)?,
-        )
-    })
+    on_sync(rt::event, hEvent, |e| e.event.host_synchronize(timeout))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn zeEventQueryStatus(hEvent: H) -> ze_result_t {
-    guard(|| sync(rt::event(hEvent)?.event.query_status().map_err(ze)?))
+    on_sync(rt::event, hEvent, |e| e.event.query_status())
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn zeEventHostReset(hEvent: H) -> ze_result_t {
-    guard(|| {
-        rt::event(hEvent)?.event.host_reset().map_err(ze)?;
-        OK
-    })
+    on(rt::event, hEvent, |e| e.event.host_reset())
 }
 
 #[no_mangle]
@@ -1751,29 +1735,22 @@ pub unsafe extern "C" fn zeFenceCreate(
 
 #[no_mangle]
 pub unsafe extern "C" fn zeFenceDestroy(hFence: H) -> ze_result_t {
-    guard(|| {
-        rt::fence(hFence)?;
-        rt::remove_tree(hFence as u64);
-        OK
-    })
+    destroy(rt::fence, hFence)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn zeFenceHostSynchronize(hFence: H, timeout: u64) -> ze_result_t {
-    guard(|| sync(rt::fence(hFence)?.host_synchronize(timeout).map_err(ze)?))
+    on_sync(rt::fence, hFence, |f| f.host_synchronize(timeout))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn zeFenceQueryStatus(hFence: H) -> ze_result_t {
-    guard(|| sync(rt::fence(hFence)?.query_status().map_err(ze)?))
+    on_sync(rt::fence, hFence, |f| f.query_status())
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn zeFenceReset(hFence: H) -> ze_result_t {
-    guard(|| {
-        rt::fence(hFence)?.reset().map_err(ze)?;
-        OK
-    })
+    on(rt::fence, hFence, |f| f.reset())
 }
 
 /// hetmem's memory type in C (`ze_memory_type_t`).
