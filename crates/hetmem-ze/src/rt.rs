@@ -236,11 +236,6 @@ pub fn get(h: *mut std::ffi::c_void, kind: Kind) -> Result<Obj, u32> {
     }
 }
 
-/// The parent handle recorded for `h` (0 if none or unknown).
-pub fn parent_of(h: u64) -> u64 {
-    registry().read().get(&h).map(|e| e.parent).unwrap_or(0)
-}
-
 /// Removes `h` and everything made from it; the objects are dropped after the lock is
 /// released. Returns whether `h` was live.
 /// The live events of event pool `pool`.
