@@ -8,8 +8,9 @@ use std::ffi::{c_char, c_void, CStr};
 use std::sync::Arc;
 
 use hetmem::{
-    AccessAttribute, AllocDesc, CompressionHint, Event, FreePolicy, IpcHandle, IpcHandleTypes,
-    IpcProperties, MemoryType, PhysicalMemoryFlags, SyncStatus,
+    AccessAttribute, AllocDesc, CommandListDesc, CommandQueueDesc, CompressionHint, Event, FlagSet,
+    FreePolicy, IpcHandle, IpcHandleTypes, IpcProperties, MemoryAdvice, MemoryType,
+    PhysicalMemoryFlags, SyncStatus,
 };
 
 use crate::rt::{self, fail, guard, ze, Kind, Obj, ZeResult};
@@ -38,6 +39,53 @@ unsafe fn inp<'a, T>(p: *const T, what: &str) -> Result<&'a T, u32> {
 
 fn sync(s: SyncStatus) -> ZeResult {
     Ok(s.ze_result())
+}
+
+/// The whole body of a call that is one method of one handle: looks `h` up with `get`, runs
+/// `f` on the object and answers `SUCCESS` or `f`'s error code.
+fn on<T>(
+    get: impl FnOnce(H) -> Result<T, u32>,
+    h: H,
+    f: impl FnOnce(&T) -> hetmem::Result<()>,
+) -> ze_result_t {
+    guard(|| {
+        f(&get(h)?).map_err(ze)?;
+        OK
+    })
+}
+
+/// [`on`] for a wait or a query: answers the [`SyncStatus`] (`SUCCESS` or `NOT_READY`).
+fn on_sync<T>(
+    get: impl FnOnce(H) -> Result<T, u32>,
+    h: H,
+    f: impl FnOnce(&T) -> hetmem::Result<SyncStatus>,
+) -> ze_result_t {
+    guard(|| sync(f(&get(h)?).map_err(ze)?))
+}
+
+/// The whole body of a device property query: checks `hDevice`, then fills `*p` (null:
+/// `INVALID_NULL_POINTER` naming `what`) with `f`.
+unsafe fn device_out<T>(
+    hDevice: H,
+    p: *mut T,
+    what: &str,
+    f: impl FnOnce(&hetmem::Device, &mut T),
+) -> ze_result_t {
+    guard(|| {
+        let d = rt::device(hDevice)?;
+        f(&d, out(p, what)?);
+        OK
+    })
+}
+
+/// The whole body of a destroy: checks `h` with `get`, then removes it and everything made
+/// from it.
+fn destroy<T>(get: impl FnOnce(H) -> Result<T, u32>, h: H) -> ze_result_t {
+    guard(|| {
+        get(h)?;
+        rt::remove_tree(h as u64);
+        OK
+    })
 }
 
 /// The count protocol of `zeDriverGet`, `zeDeviceGet`, …: `*pCount == 0` or no array asks for
@@ -139,14 +187,9 @@ unsafe fn walk(mut p: *const c_void, accept: Accept) -> Result<Chain, u32> {
     ))
 }
 
-fn flags_within(v: u32, all: u32, what: &str) -> Result<(), u32> {
-    if v & !all != 0 {
-        return Err(fail(
-            ZE_RESULT_ERROR_INVALID_ENUMERATION,
-            format!("{what} {v:#x} has bits outside {all:#x}"),
-        ));
-    }
-    Ok(())
+/// Checks a C flags field with hetmem's decoder of its flag set.
+fn flags(set: FlagSet, v: u32) -> Result<u32, u32> {
+    set.check(v).map_err(ze)
 }
 
 fn handle_out(p: *mut H, h: u64) {
@@ -160,11 +203,7 @@ fn handle_out(p: *mut H, h: u64) {
 #[no_mangle]
 pub unsafe extern "C" fn zeInit(flags: u32) -> ze_result_t {
     guard(|| {
-        flags_within(
-            flags,
-            ZE_INIT_FLAG_GPU_ONLY | ZE_INIT_FLAG_VPU_ONLY,
-            "zeInit flags",
-        )?;
+        self::flags(FlagSet::Init, flags)?;
         if flags == ZE_INIT_FLAG_VPU_ONLY {
             return Err(fail(
                 ZE_RESULT_ERROR_UNINITIALIZED,
@@ -396,9 +435,7 @@ pub unsafe extern "C" fn zeDeviceGetProperties(
     hDevice: H,
     pDeviceProperties: *mut ze_device_properties_t,
 ) -> ze_result_t {
-    guard(|| {
-        let d = rt::device(hDevice)?;
-        let p = out(pDeviceProperties, "pDeviceProperties")?;
+    device_out(hDevice, pDeviceProperties, "pDeviceProperties", |d, p| {
         let info = d.info();
         p.r#type = ZE_DEVICE_TYPE_GPU;
         p.vendorId = 0;
@@ -421,7 +458,6 @@ pub unsafe extern "C" fn zeDeviceGetProperties(
         u[14..16].copy_from_slice(&(d.ordinal() as u16).to_le_bytes());
         p.uuid.id = u;
         copy_str(&mut p.name, &info.name);
-        OK
     })
 }
 
@@ -430,9 +466,7 @@ pub unsafe extern "C" fn zeDeviceGetComputeProperties(
     hDevice: H,
     p: *mut ze_device_compute_properties_t,
 ) -> ze_result_t {
-    guard(|| {
-        rt::device(hDevice)?;
-        let p = out(p, "pComputeProperties")?;
+    device_out(hDevice, p, "pComputeProperties", |_, p| {
         p.maxTotalGroupSize = 1;
         p.maxGroupSizeX = 1;
         p.maxGroupSizeY = 1;
@@ -443,7 +477,6 @@ pub unsafe extern "C" fn zeDeviceGetComputeProperties(
         p.maxSharedLocalMemory = 0;
         p.numSubGroupSizes = 1;
         p.subGroupSizes = [1, 0, 0, 0, 0, 0, 0, 0];
-        OK
     })
 }
 
@@ -452,9 +485,7 @@ pub unsafe extern "C" fn zeDeviceGetModuleProperties(
     hDevice: H,
     p: *mut ze_device_module_properties_t,
 ) -> ze_result_t {
-    guard(|| {
-        rt::device(hDevice)?;
-        let p = out(p, "pModuleProperties")?;
+    device_out(hDevice, p, "pModuleProperties", |_, p| {
         // No kernels run on hetmem devices: no SPIR-V version, no native kernels.
         p.spirvVersionSupported = 0;
         p.flags = 0;
@@ -464,12 +495,11 @@ pub unsafe extern "C" fn zeDeviceGetModuleProperties(
         p.maxArgumentsSize = 0;
         p.printfBufferSize = 0;
         p.nativeKernelSupported.id = [0; 16];
-        OK
     })
 }
 
 /// Queues of the one queue group (each queue has its own engine).
-pub const QUEUES_PER_GROUP: u32 = 64;
+pub use hetmem::QUEUES_PER_GROUP;
 
 #[no_mangle]
 pub unsafe extern "C" fn zeDeviceGetCommandQueueGroupProperties(
@@ -512,9 +542,7 @@ pub unsafe extern "C" fn zeDeviceGetMemoryAccessProperties(
     hDevice: H,
     p: *mut ze_device_memory_access_properties_t,
 ) -> ze_result_t {
-    guard(|| {
-        rt::device(hDevice)?;
-        let p = out(p, "pMemAccessProperties")?;
+    device_out(hDevice, p, "pMemAccessProperties", |_, p| {
         let all = ZE_MEMORY_ACCESS_CAP_FLAG_RW
             | ZE_MEMORY_ACCESS_CAP_FLAG_ATOMIC
             | ZE_MEMORY_ACCESS_CAP_FLAG_CONCURRENT
@@ -525,7 +553,6 @@ pub unsafe extern "C" fn zeDeviceGetMemoryAccessProperties(
         p.sharedCrossDeviceAllocCapabilities = all;
         // Plain system memory is reachable only once imported.
         p.sharedSystemAllocCapabilities = 0;
-        OK
     })
 }
 
@@ -546,9 +573,7 @@ pub unsafe extern "C" fn zeDeviceGetImageProperties(
     hDevice: H,
     p: *mut ze_device_image_properties_t,
 ) -> ze_result_t {
-    guard(|| {
-        rt::device(hDevice)?;
-        let p = out(p, "pImageProperties")?;
+    device_out(hDevice, p, "pImageProperties", |_, p| {
         // No image support: every limit is 0.
         p.maxImageDims1D = 0;
         p.maxImageDims2D = 0;
@@ -558,7 +583,6 @@ pub unsafe extern "C" fn zeDeviceGetImageProperties(
         p.maxSamplers = 0;
         p.maxReadImageArgs = 0;
         p.maxWriteImageArgs = 0;
-        OK
     })
 }
 
@@ -567,14 +591,11 @@ pub unsafe extern "C" fn zeDeviceGetExternalMemoryProperties(
     hDevice: H,
     p: *mut ze_device_external_memory_properties_t,
 ) -> ze_result_t {
-    guard(|| {
-        rt::device(hDevice)?;
-        let p = out(p, "pExternalMemoryProperties")?;
+    device_out(hDevice, p, "pExternalMemoryProperties", |_, p| {
         p.memoryAllocationImportTypes = 0;
         p.memoryAllocationExportTypes = 0;
         p.imageImportTypes = 0;
         p.imageExportTypes = 0;
-        OK
     })
 }
 
@@ -673,7 +694,7 @@ pub unsafe extern "C" fn zeContextCreateEx(
         let s = rt::driver(hDriver)?;
         let d = inp(desc, "desc")?;
         out(phContext, "phContext")?;
-        flags_within(d.flags, 0x1, "context flags")?;
+        flags(FlagSet::Context, d.flags)?;
         if numDevices > 0 && phDevices.is_null() {
             return Err(fail(
                 ZE_RESULT_ERROR_INVALID_SIZE,
@@ -691,11 +712,7 @@ pub unsafe extern "C" fn zeContextCreateEx(
 
 #[no_mangle]
 pub unsafe extern "C" fn zeContextDestroy(hContext: H) -> ze_result_t {
-    guard(|| {
-        rt::context(hContext)?;
-        rt::remove_tree(hContext as u64);
-        OK
-    })
+    destroy(rt::context, hContext)
 }
 
 #[no_mangle]
@@ -790,7 +807,7 @@ pub unsafe extern "C" fn zeMemAllocDevice(
         let dev = rt::device(hDevice)?;
         let dd = inp(device_desc, "device_desc")?;
         out(pptr, "pptr")?;
-        flags_within(dd.flags, DEVICE_MEM_ALLOC_FLAGS_ALL, "device_desc->flags")?;
+        flags(FlagSet::DeviceAlloc, dd.flags)?;
         let c = walk(dd.pNext, ALLOC_DEVICE)?;
         let desc = alloc_desc(size, alignment, &c);
         let p = match c.ipc_types {
@@ -815,21 +832,12 @@ pub unsafe extern "C" fn zeMemAllocHost(
         let ctx = rt::context(hContext)?;
         let hd = inp(host_desc, "host_desc")?;
         out(pptr, "pptr")?;
-        flags_within(hd.flags, HOST_MEM_ALLOC_FLAGS_ALL, "host_desc->flags")?;
+        flags(FlagSet::HostAlloc, hd.flags)?;
         let c = walk(hd.pNext, ALLOC_HOST)?;
         let p = if let Some((sys, sys_size)) = c.sysmem {
-            // The descriptor names the memory; the call's size must agree with it.
-            if sys_size != size as u64 {
-                return Err(fail(
-                    ZE_RESULT_ERROR_INVALID_ARGUMENT,
-                    format!(
-                        "size {size:#x} differs from the system-memory descriptor's size \
-                         {sys_size:#x}"
-                    ),
-                ));
-            }
             let read_only = hd.flags & ZE_HOST_MEM_ALLOC_FLAG_MEM_READ_ONLY != 0;
-            ctx.import_system_memory(sys, size, read_only)
+            let desc = AllocDesc::new(size).system_memory_sized(sys, sys_size, read_only);
+            ctx.alloc_host(&desc)
         } else {
             let desc = alloc_desc(size, alignment, &c);
             match c.ipc_types {
@@ -863,8 +871,8 @@ pub unsafe extern "C" fn zeMemAllocShared(
         let dd = inp(device_desc, "device_desc")?;
         let hd = inp(host_desc, "host_desc")?;
         out(pptr, "pptr")?;
-        flags_within(dd.flags, DEVICE_MEM_ALLOC_FLAGS_ALL, "device_desc->flags")?;
-        flags_within(hd.flags, HOST_MEM_ALLOC_FLAGS_ALL, "host_desc->flags")?;
+        flags(FlagSet::DeviceAlloc, dd.flags)?;
+        flags(FlagSet::HostAlloc, hd.flags)?;
         let c1 = walk(dd.pNext, ALLOC_SHARED)?;
         let c2 = walk(hd.pNext, ALLOC_SHARED)?;
         let c = Chain {
@@ -1190,17 +1198,12 @@ pub unsafe extern "C" fn zePhysicalMemGetProperties(
     pMemProperties: *mut ze_physical_mem_properties_t,
 ) -> ze_result_t {
     guard(|| {
-        rt::context(hContext)?;
+        let ctx = rt::context(hContext)?;
         let p = rt::physical(hPhysicalMemory)?;
-        if rt::parent_of(hPhysicalMemory as u64) != hContext as u64 {
-            return Err(fail(
-                ZE_RESULT_ERROR_INVALID_ARGUMENT,
-                "the physical memory object belongs to another context",
-            ));
-        }
         let o = out(pMemProperties, "pMemProperties")?;
-        o.id = p.id;
-        o.size = p.size as u64;
+        let props = ctx.physical_memory_properties(&p).map_err(ze)?;
+        o.id = props.id;
+        o.size = props.size as u64;
         OK
     })
 }
@@ -1275,36 +1278,9 @@ pub unsafe extern "C" fn zeVirtualMemGetAccessAttribute(
 // ---------------------------------------------------------------------------------------------
 // Command queues and lists
 
-/// Decodes a queue descriptor: ordinal 0 (the one group), index below the group's queues,
-/// flags / mode / priority within their enums. Returns whether the mode is synchronous.
-fn queue_desc(d: &ze_command_queue_desc_t) -> Result<bool, u32> {
-    flags_within(d.flags, 0x3, "queue flags")?;
-    if d.mode > 2 {
-        return Err(fail(
-            ZE_RESULT_ERROR_INVALID_ENUMERATION,
-            format!(
-                "queue mode {} is not DEFAULT, SYNCHRONOUS or ASYNCHRONOUS",
-                d.mode
-            ),
-        ));
-    }
-    if d.priority > 2 {
-        return Err(fail(
-            ZE_RESULT_ERROR_INVALID_ENUMERATION,
-            format!("queue priority {} is not NORMAL, LOW or HIGH", d.priority),
-        ));
-    }
-    if d.ordinal != 0 || d.index >= QUEUES_PER_GROUP {
-        return Err(fail(
-            ZE_RESULT_ERROR_INVALID_ARGUMENT,
-            format!(
-                "queue group ordinal {} / index {}: the device has one group (ordinal 0) of \
-                 {QUEUES_PER_GROUP} queues",
-                d.ordinal, d.index
-            ),
-        ));
-    }
-    Ok(d.mode == ZE_COMMAND_QUEUE_MODE_SYNCHRONOUS)
+/// Decodes a queue descriptor with hetmem's decoder ([`CommandQueueDesc::from_raw`]).
+fn queue_desc(d: &ze_command_queue_desc_t) -> Result<CommandQueueDesc, u32> {
+    CommandQueueDesc::from_raw(d.ordinal, d.index, d.flags, d.mode, d.priority).map_err(ze)
 }
 
 #[no_mangle]
@@ -1319,8 +1295,9 @@ pub unsafe extern "C" fn zeCommandQueueCreate(
         let dev = rt::device(hDevice)?;
         let d = inp(desc, "desc")?;
         out(phCommandQueue, "phCommandQueue")?;
-        let synchronous = queue_desc(d)?;
-        let q = ctx.create_command_queue(&dev).map_err(ze)?;
+        let qd = queue_desc(d)?;
+        let synchronous = qd.is_synchronous();
+        let q = ctx.create_command_queue_with(&dev, &qd).map_err(ze)?;
         let obj = Obj::Queue(Arc::new(rt::QueueObj {
             queue: q,
             synchronous,
@@ -1335,11 +1312,7 @@ pub unsafe extern "C" fn zeCommandQueueCreate(
 
 #[no_mangle]
 pub unsafe extern "C" fn zeCommandQueueDestroy(hCommandQueue: H) -> ze_result_t {
-    guard(|| {
-        rt::queue(hCommandQueue)?;
-        rt::remove_tree(hCommandQueue as u64);
-        OK
-    })
+    destroy(rt::queue, hCommandQueue)
 }
 
 #[no_mangle]
@@ -1376,14 +1349,7 @@ pub unsafe extern "C" fn zeCommandQueueExecuteCommandLists(
 
 #[no_mangle]
 pub unsafe extern "C" fn zeCommandQueueSynchronize(hCommandQueue: H, timeout: u64) -> ze_result_t {
-    guard(|| {
-        sync(
-            rt::queue(hCommandQueue)?
-                .queue
-                .synchronize(timeout)
-                .map_err(ze)?,
-        )
-    })
+    on_sync(rt::queue, hCommandQueue, |q| q.queue.synchronize(timeout))
 }
 
 #[no_mangle]
@@ -1398,17 +1364,8 @@ pub unsafe extern "C" fn zeCommandListCreate(
         let dev = rt::device(hDevice)?;
         let d = inp(desc, "desc")?;
         out(phCommandList, "phCommandList")?;
-        flags_within(d.flags, 0x1f, "command list flags")?;
-        if d.commandQueueGroupOrdinal != 0 {
-            return Err(fail(
-                ZE_RESULT_ERROR_INVALID_ARGUMENT,
-                format!(
-                    "commandQueueGroupOrdinal {}: the device has one group (ordinal 0)",
-                    d.commandQueueGroupOrdinal
-                ),
-            ));
-        }
-        let l = ctx.create_command_list(&dev).map_err(ze)?;
+        let ld = CommandListDesc::from_raw(d.commandQueueGroupOrdinal, d.flags).map_err(ze)?;
+        let l = ctx.create_command_list_with(&dev, &ld).map_err(ze)?;
         let obj = Obj::List(Arc::new(rt::ListObj {
             list: l,
             synchronous: false,
@@ -1430,8 +1387,11 @@ pub unsafe extern "C" fn zeCommandListCreateImmediate(
         let dev = rt::device(hDevice)?;
         let d = inp(altdesc, "altdesc")?;
         out(phCommandList, "phCommandList")?;
-        let synchronous = queue_desc(d)?;
-        let l = ctx.create_immediate_command_list(&dev).map_err(ze)?;
+        let qd = queue_desc(d)?;
+        let synchronous = qd.is_synchronous();
+        let l = ctx
+            .create_immediate_command_list_with(&dev, &qd)
+            .map_err(ze)?;
         let obj = Obj::List(Arc::new(rt::ListObj {
             list: l,
             synchronous,
@@ -1443,27 +1403,17 @@ pub unsafe extern "C" fn zeCommandListCreateImmediate(
 
 #[no_mangle]
 pub unsafe extern "C" fn zeCommandListDestroy(hCommandList: H) -> ze_result_t {
-    guard(|| {
-        rt::list(hCommandList)?;
-        rt::remove_tree(hCommandList as u64);
-        OK
-    })
+    destroy(rt::list, hCommandList)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn zeCommandListClose(hCommandList: H) -> ze_result_t {
-    guard(|| {
-        rt::list(hCommandList)?.list.close().map_err(ze)?;
-        OK
-    })
+    on(rt::list, hCommandList, |l| l.list.close())
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn zeCommandListReset(hCommandList: H) -> ze_result_t {
-    guard(|| {
-        rt::list(hCommandList)?.list.reset().map_err(ze)?;
-        OK
-    })
+    on(rt::list, hCommandList, |l| l.list.reset())
 }
 
 #[no_mangle]
@@ -1471,14 +1421,7 @@ pub unsafe extern "C" fn zeCommandListHostSynchronize(
     hCommandList: H,
     timeout: u64,
 ) -> ze_result_t {
-    guard(|| {
-        sync(
-            rt::list(hCommandList)?
-                .list
-                .host_synchronize(timeout)
-                .map_err(ze)?,
-        )
-    })
+    on_sync(rt::list, hCommandList, |l| l.list.host_synchronize(timeout))
 }
 
 /// The signal event and the wait list of an append.
@@ -1661,12 +1604,7 @@ pub unsafe extern "C" fn zeCommandListAppendMemAdvise(
         if ptr.is_null() {
             return Err(null_ptr("ptr"));
         }
-        if advice > 9 {
-            return Err(fail(
-                ZE_RESULT_ERROR_INVALID_ENUMERATION,
-                format!("memory advice {advice} is past the last ze_memory_advice_t (9)"),
-            ));
-        }
+        MemoryAdvice::from_raw(advice).map_err(ze)?;
         OK
     })
 }
@@ -1686,10 +1624,7 @@ pub unsafe extern "C" fn zeEventPoolCreate(
         let ctx = rt::context(hContext)?;
         let d = inp(desc, "desc")?;
         out(phEventPool, "phEventPool")?;
-        flags_within(d.flags, 0xf, "event pool flags")?;
-        if d.count == 0 {
-            return Err(fail(ZE_RESULT_ERROR_INVALID_SIZE, "event pool count is 0"));
-        }
+        flags(FlagSet::EventPool, d.flags)?;
         if numDevices > 0 && phDevices.is_null() {
             return Err(fail(
                 ZE_RESULT_ERROR_INVALID_SIZE,
@@ -1699,11 +1634,7 @@ pub unsafe extern "C" fn zeEventPoolCreate(
         for i in 0..numDevices as usize {
             rt::device(*phDevices.add(i))?;
         }
-        let p = rt::PoolObj {
-            context: ctx,
-            count: d.count,
-            used: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
-        };
+        let p = ctx.create_event_pool(d.count).map_err(ze)?;
         handle_out(
             phEventPool,
             rt::insert(
@@ -1738,37 +1669,12 @@ pub unsafe extern "C" fn zeEventCreate(
         let p = rt::pool(hEventPool)?;
         let d = inp(desc, "desc")?;
         out(phEvent, "phEvent")?;
-        flags_within(d.signal, 0x7, "event signal scope")?;
-        flags_within(d.wait, 0x7, "event wait scope")?;
-        {
-            let mut used = p.used.lock();
-            if d.index >= p.count {
-                return Err(fail(
-                    ZE_RESULT_ERROR_INVALID_ARGUMENT,
-                    format!(
-                        "event index {} is not below the pool's count {}",
-                        d.index, p.count
-                    ),
-                ));
-            }
-            if !used.insert(d.index) {
-                return Err(fail(
-                    ZE_RESULT_ERROR_INVALID_ARGUMENT,
-                    format!("event index {} of the pool is already in use", d.index),
-                ));
-            }
-        }
-        let ev = match p.context.create_event() {
-            Ok(e) => e,
-            Err(e) => {
-                p.used.lock().remove(&d.index);
-                return Err(ze(e));
-            }
-        };
+        flags(FlagSet::EventScope, d.signal)?;
+        flags(FlagSet::EventScope, d.wait)?;
+        let ev = p.create_event(d.index).map_err(ze)?;
         let obj = Obj::Event(Arc::new(rt::EventObj {
             event: ev,
             pool: hEventPool as u64,
-            index: d.index,
         }));
         handle_out(phEvent, rt::insert(Kind::Event, obj, hEventPool as u64));
         OK
@@ -1777,44 +1683,31 @@ pub unsafe extern "C" fn zeEventCreate(
 
 #[no_mangle]
 pub unsafe extern "C" fn zeEventDestroy(hEvent: H) -> ze_result_t {
-    guard(|| {
-        rt::event(hEvent)?.event.check_destroy().map_err(ze)?;
+    on(rt::event, hEvent, |e| {
+        e.event.check_destroy()?;
         rt::remove_tree(hEvent as u64);
-        OK
+        Ok(())
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn zeEventHostSignal(hEvent: H) -> ze_result_t {
-    guard(|| {
-        rt::event(hEvent)?.event.host_signal().map_err(ze)?;
-        OK
-    })
+    on(rt::event, hEvent, |e| e.event.host_signal())
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn zeEventHostSynchronize(hEvent: H, timeout: u64) -> ze_result_t {
-    guard(|| {
-        sync(
-            rt::event(hEvent)?
-                .event
-                .host_synchronize(timeout)
-                .map_err(ze)?,
-        )
-    })
+    on_sync(rt::event, hEvent, |e| e.event.host_synchronize(timeout))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn zeEventQueryStatus(hEvent: H) -> ze_result_t {
-    guard(|| sync(rt::event(hEvent)?.event.query_status().map_err(ze)?))
+    on_sync(rt::event, hEvent, |e| e.event.query_status())
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn zeEventHostReset(hEvent: H) -> ze_result_t {
-    guard(|| {
-        rt::event(hEvent)?.event.host_reset().map_err(ze)?;
-        OK
-    })
+    on(rt::event, hEvent, |e| e.event.host_reset())
 }
 
 #[no_mangle]
@@ -1827,14 +1720,11 @@ pub unsafe extern "C" fn zeFenceCreate(
         let q = rt::queue(hCommandQueue)?;
         let d = inp(desc, "desc")?;
         out(phFence, "phFence")?;
-        flags_within(d.flags, ZE_FENCE_FLAG_SIGNALED, "fence flags")?;
-        if d.flags & ZE_FENCE_FLAG_SIGNALED != 0 {
-            return Err(fail(
-                ZE_RESULT_ERROR_UNSUPPORTED_ENUMERATION,
-                "fences created signalled (ZE_FENCE_FLAG_SIGNALED) are not supported",
-            ));
-        }
-        let f = q.queue.create_fence().map_err(ze)?;
+        let fl = flags(FlagSet::Fence, d.flags)?;
+        let f = q
+            .queue
+            .create_fence(fl & ZE_FENCE_FLAG_SIGNALED != 0)
+            .map_err(ze)?;
         handle_out(
             phFence,
             rt::insert(Kind::Fence, Obj::Fence(Arc::new(f)), hCommandQueue as u64),
@@ -1845,29 +1735,22 @@ pub unsafe extern "C" fn zeFenceCreate(
 
 #[no_mangle]
 pub unsafe extern "C" fn zeFenceDestroy(hFence: H) -> ze_result_t {
-    guard(|| {
-        rt::fence(hFence)?;
-        rt::remove_tree(hFence as u64);
-        OK
-    })
+    destroy(rt::fence, hFence)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn zeFenceHostSynchronize(hFence: H, timeout: u64) -> ze_result_t {
-    guard(|| sync(rt::fence(hFence)?.host_synchronize(timeout).map_err(ze)?))
+    on_sync(rt::fence, hFence, |f| f.host_synchronize(timeout))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn zeFenceQueryStatus(hFence: H) -> ze_result_t {
-    guard(|| sync(rt::fence(hFence)?.query_status().map_err(ze)?))
+    on_sync(rt::fence, hFence, |f| f.query_status())
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn zeFenceReset(hFence: H) -> ze_result_t {
-    guard(|| {
-        rt::fence(hFence)?.reset().map_err(ze)?;
-        OK
-    })
+    on(rt::fence, hFence, |f| f.reset())
 }
 
 /// hetmem's memory type in C (`ze_memory_type_t`).

@@ -132,8 +132,15 @@
 //!   (inferred, see [`types::ZE_HOST_MEM_ALLOC_FLAG_MEM_READ_ONLY`]).
 //! - Destroying a context, pool or queue also destroys what was made from it (their handles
 //!   become invalid), so the context's memory is released.
-//! - `ZE_FENCE_FLAG_SIGNALED` is `ZE_RESULT_ERROR_UNSUPPORTED_ENUMERATION` (hetmem fences start
-//!   unsignalled).
+//! - `ZE_FENCE_FLAG_SIGNALED` makes a fence that is signalled until `zeFenceReset`
+//!   (`hetmem::CommandQueue::create_fence(true)`).
+//! - Every rule of a descriptor or flag field is hetmem's, reached through its decoders
+//!   (`hetmem::FlagSet`, `CommandQueueDesc`, `CommandListDesc`, `MemoryAdvice`,
+//!   `Context::create_event_pool` / `EventPool::create_event`, `AllocDesc::system_memory_sized`,
+//!   `Context::physical_memory_properties`), so Rust and C callers get the same answer.
+//! - Objects of one context: executing a command list of another context on a queue, or
+//!   appending an event of another context to a list (signal or wait), is
+//!   `ZE_RESULT_ERROR_INVALID_ARGUMENT` (the header requires one context but names no code).
 //! - The IPC handle-type descriptor is taken where the extension defines it (device and host
 //!   allocations, physical memory, get-with-properties); chained on a shared allocation it is
 //!   `ZE_RESULT_ERROR_UNSUPPORTED_ENUMERATION`.

@@ -19,7 +19,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use hetmem::{CommandList, CommandQueue, Context, Device, Event, Fence, PhysicalMemory, Runtime};
+use hetmem::{
+    CommandList, CommandQueue, Context, Device, Event, EventPool, Fence, PhysicalMemory, Runtime,
+};
 use parking_lot::{Mutex, RwLock};
 
 use crate::types::*;
@@ -52,20 +54,10 @@ pub struct ListObj {
     pub synchronous: bool,
 }
 
-/// An event pool: `count` slots, of which `used` are taken by live events.
-pub struct PoolObj {
-    pub context: Context,
-    pub count: u32,
-    /// Indices with a live event (a set, so that a pool of 2^32 events costs nothing until
-    /// its events are made).
-    pub used: Mutex<std::collections::BTreeSet<u32>>,
-}
-
-/// An event of a pool, in slot `index`.
+/// An event of a pool (its slot is held by the event itself, freed when it is dropped).
 pub struct EventObj {
     pub event: Event,
     pub pool: u64,
-    pub index: u32,
 }
 
 /// The objects behind handles.
@@ -76,7 +68,7 @@ pub enum Obj {
     Context(Context),
     Queue(Arc<QueueObj>),
     List(Arc<ListObj>),
-    EventPool(Arc<PoolObj>),
+    EventPool(Arc<EventPool>),
     Event(Arc<EventObj>),
     Fence(Arc<Fence>),
     Physical(PhysicalMemory),
@@ -244,11 +236,6 @@ pub fn get(h: *mut std::ffi::c_void, kind: Kind) -> Result<Obj, u32> {
     }
 }
 
-/// The parent handle recorded for `h` (0 if none or unknown).
-pub fn parent_of(h: u64) -> u64 {
-    registry().read().get(&h).map(|e| e.parent).unwrap_or(0)
-}
-
 /// Removes `h` and everything made from it; the objects are dropped after the lock is
 /// released. Returns whether `h` was live.
 /// The live events of event pool `pool`.
@@ -288,23 +275,9 @@ pub fn remove_tree(h: u64) -> bool {
     }
     // Children first (queues before their context), outside the lock.
     while let Some(e) = dropped.pop() {
-        if let Obj::Event(ev) = &e.obj {
-            free_pool_slot(ev);
-        }
         drop(e);
     }
     true
-}
-
-/// Gives an event's pool slot back.
-pub fn free_pool_slot(ev: &EventObj) {
-    if let Some(Entry {
-        obj: Obj::EventPool(p),
-        ..
-    }) = registry().read().get(&ev.pool)
-    {
-        p.used.lock().remove(&ev.index);
-    }
 }
 
 /// Live handles of each kind (leak checks, `hetmemZeLiveHandles`).
@@ -335,7 +308,7 @@ getter!(device, Device, Device);
 getter!(context, Context, Context);
 getter!(queue, Queue, Arc<QueueObj>);
 getter!(list, List, Arc<ListObj>);
-getter!(pool, EventPool, Arc<PoolObj>);
+getter!(pool, EventPool, Arc<EventPool>);
 getter!(event, Event, Arc<EventObj>);
 getter!(fence, Fence, Arc<Fence>);
 getter!(physical, Physical, PhysicalMemory);

@@ -72,8 +72,10 @@ pub use managed::{
     Stream, ACL_RT_MEM_ATTACH_GLOBAL, MANAGED_PAGE_SIZE,
 };
 pub use queue::{
-    CommandList, CommandQueue, Event, Fence, FreePolicy, SyncStatus, MAX_FILL_PATTERN_SIZE,
+    CommandList, CommandListDesc, CommandQueue, CommandQueueDesc, Event, EventPool, Fence,
+    FreePolicy, QueueMode, QueuePriority, SyncStatus, MAX_FILL_PATTERN_SIZE, QUEUES_PER_GROUP,
 };
+pub use spec::{FlagSet, MemoryAdvice};
 pub use usm::{AllocDesc, AllocationProperties, CompressionHint, MemoryType, UsmStats};
 pub use vmm::{
     page_size_for, AccessAttribute, DeviceUsage, PhysicalMemory, PhysicalMemoryFlags, Reservation,

@@ -524,3 +524,103 @@ impl RangeAttribute {
         RangeAttribute::LastPrefetchLocationId,
     ];
 }
+
+/// The Level Zero flag sets whose bits are checked against their enum (`ze_*_flags_t`): a
+/// value with a bit outside the set is `InvalidEnumeration`. One decoder serves every call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagSet {
+    /// `ze_init_flags_t` (GPU_ONLY, VPU_ONLY).
+    Init,
+    /// `ze_context_flags_t` (TBD).
+    Context,
+    /// `ze_host_mem_alloc_flags_t` (cached, uncached, write-combined, initial placement,
+    /// read-only).
+    HostAlloc,
+    /// `ze_device_mem_alloc_flags_t` (cached, uncached, initial placement).
+    DeviceAlloc,
+    /// `ze_command_queue_flags_t` (explicit only, in order).
+    CommandQueue,
+    /// `ze_command_list_flags_t` (relaxed ordering … exp cloneable).
+    CommandList,
+    /// `ze_event_pool_flags_t` (host visible, IPC, kernel timestamp, kernel mapped timestamp).
+    EventPool,
+    /// `ze_event_scope_flags_t` (subdevice, device, host).
+    EventScope,
+    /// `ze_fence_flags_t` (signaled).
+    Fence,
+}
+
+impl FlagSet {
+    /// Every bit the set defines.
+    pub const fn all(self) -> u32 {
+        match self {
+            FlagSet::Init => 0x3,
+            FlagSet::Context => 0x1,
+            FlagSet::HostAlloc => 0x1f,
+            FlagSet::DeviceAlloc => 0x7,
+            FlagSet::CommandQueue => 0x3,
+            FlagSet::CommandList => 0x1f,
+            FlagSet::EventPool => 0xf,
+            FlagSet::EventScope => 0x7,
+            FlagSet::Fence => 0x1,
+        }
+    }
+
+    /// The C type's name, for messages.
+    pub const fn name(self) -> &'static str {
+        match self {
+            FlagSet::Init => "ze_init_flags_t",
+            FlagSet::Context => "ze_context_flags_t",
+            FlagSet::HostAlloc => "ze_host_mem_alloc_flags_t",
+            FlagSet::DeviceAlloc => "ze_device_mem_alloc_flags_t",
+            FlagSet::CommandQueue => "ze_command_queue_flags_t",
+            FlagSet::CommandList => "ze_command_list_flags_t",
+            FlagSet::EventPool => "ze_event_pool_flags_t",
+            FlagSet::EventScope => "ze_event_scope_flags_t",
+            FlagSet::Fence => "ze_fence_flags_t",
+        }
+    }
+
+    /// Decodes `v`: returns it if every bit is in the set.
+    ///
+    /// Errors: `InvalidEnumeration` naming the value, the set and its bits.
+    pub fn check(self, v: u32) -> Result<u32> {
+        if v & !self.all() != 0 {
+            return Err(Error::InvalidEnumeration(format!(
+                "{} {v:#x} has bits outside {:#x}",
+                self.name(),
+                self.all()
+            )));
+        }
+        Ok(v)
+    }
+}
+
+/// `ze_memory_advice_t` (`zeCommandListAppendMemAdvise`): 0 (SET_READ_MOSTLY) to 9
+/// (CLEAR_SYSTEM_MEMORY_PREFERRED_LOCATION). Advice is a hint: hetmem checks it and keeps
+/// memory where every device reaches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryAdvice(u32);
+
+impl MemoryAdvice {
+    /// The last value of the enum.
+    pub const LAST: u32 = 9;
+
+    /// Decodes the C value.
+    ///
+    /// Errors: `InvalidEnumeration` for a value past [`MemoryAdvice::LAST`], naming it.
+    pub fn from_raw(v: u32) -> Result<MemoryAdvice> {
+        if v > Self::LAST {
+            return Err(Error::InvalidEnumeration(format!(
+                "memory advice {v} is past the last ze_memory_advice_t ({})",
+                Self::LAST
+            )));
+        }
+        Ok(MemoryAdvice(v))
+    }
+
+    /// The C value.
+    pub fn raw(self) -> u32 {
+        self.0
+    }
+}

@@ -399,7 +399,7 @@ fn list_state_rules_closed_open_immediate_and_empty() {
         "list of another device"
     );
     let q2 = ctx.create_command_queue(&d0).unwrap();
-    let f2 = q2.create_fence().unwrap();
+    let f2 = q2.create_fence(false).unwrap();
     open.close().unwrap();
     assert_eq!(
         code(q.execute_command_lists(&[&open], Some(&f2))),
@@ -491,7 +491,7 @@ fn fence_is_signalled_when_its_batch_finishes_and_resets() {
     let (_rt, d0, _d1, ctx) = setup(64 << 20);
     let a = ctx.alloc_device(&d0, &AllocDesc::new(64 * KIB)).unwrap();
     let q = ctx.create_command_queue(&d0).unwrap();
-    let f = q.create_fence().unwrap();
+    let f = q.create_fence(false).unwrap();
     let gate = ctx.create_event().unwrap();
     assert_eq!(f.query_status().unwrap(), SyncStatus::NotReady);
     let l = closed_list(&ctx, &d0, |l| {

@@ -104,6 +104,32 @@ int main(void) {
     CHECK(zeCommandListAppendMemoryCopy(l, dst, src, 16, NULL, 2, NULL), ZE_RESULT_ERROR_INVALID_SIZE);
     CHECK(zeCommandListAppendMemoryCopy(l, dst, src, 16, BOGUS(ze_event_handle_t), 0, NULL), ZE_RESULT_ERROR_INVALID_NULL_HANDLE);
     CHECK(zeCommandListAppendSignalEvent(l, BOGUS(ze_event_handle_t)), ZE_RESULT_ERROR_INVALID_NULL_HANDLE);
+    {
+        /* Objects of one context only: an event, or a list, of another context is refused
+         * (INVALID_ARGUMENT) and nothing is appended or submitted. */
+        ze_context_desc_t cd = {ZE_STRUCTURE_TYPE_CONTEXT_DESC, NULL, 0};
+        ze_context_handle_t c2 = NULL;
+        OK(zeContextCreate(e.drv, &cd, &c2));
+        ze_event_pool_handle_t p2 = NULL;
+        ze_event_handle_t e2 = NULL;
+        OK(zeEventPoolCreate(c2, &pd, 0, NULL, &p2));
+        ze_event_desc_t d2 = ed;
+        d2.index = 0;
+        OK(zeEventCreate(p2, &d2, &e2));
+        CHECK(zeCommandListAppendSignalEvent(l, e2), ZE_RESULT_ERROR_INVALID_ARGUMENT);
+        CHECK(zeCommandListAppendWaitOnEvents(l, 1, &e2), ZE_RESULT_ERROR_INVALID_ARGUMENT);
+        CHECK(zeCommandListAppendBarrier(l, e2, 0, NULL), ZE_RESULT_ERROR_INVALID_ARGUMENT);
+        CHECK(zeCommandListAppendMemoryCopy(l, dst, src, 16, NULL, 1, &e2), ZE_RESULT_ERROR_INVALID_ARGUMENT);
+        ze_command_list_handle_t l2 = NULL;
+        OK(zeCommandListCreate(c2, e.dev[0], &ld, &l2));
+        OK(zeCommandListClose(l2));
+        CHECK(zeCommandQueueExecuteCommandLists(q, 1, &l2, NULL), ZE_RESULT_ERROR_INVALID_ARGUMENT);
+        /* nothing was appended to l: e2 is never signalled by it, and not waited on */
+        OK(zeEventDestroy(e2));
+        OK(zeCommandListDestroy(l2));
+        OK(zeEventPoolDestroy(p2));
+        OK(zeContextDestroy(c2));
+    }
     /* executing an open list is refused */
     CHECK(zeCommandQueueExecuteCommandLists(q, 1, &l, NULL), ZE_RESULT_ERROR_INVALID_ARGUMENT);
     OK(zeCommandListClose(l));
@@ -114,7 +140,14 @@ int main(void) {
     OK(zeFenceCreate(q, &fd, &f));
     CHECK(zeFenceQueryStatus(f), ZE_RESULT_NOT_READY);
     fd.flags = ZE_FENCE_FLAG_SIGNALED;
-    CHECK(zeFenceCreate(q, &fd, &fx), ZE_RESULT_ERROR_UNSUPPORTED_ENUMERATION);
+    /* a fence created signalled: ready at once, until it is reset */
+    OK(zeFenceCreate(q, &fd, &fx));
+    OK(zeFenceQueryStatus(fx));
+    OK(zeFenceHostSynchronize(fx, 0));
+    OK(zeFenceReset(fx));
+    CHECK(zeFenceQueryStatus(fx), ZE_RESULT_NOT_READY);
+    OK(zeFenceDestroy(fx));
+    fx = NULL;
     fd.flags = 0x2;
     CHECK_V(zeFenceCreate(q, &fd, &fx), ZE_RESULT_ERROR_INVALID_ENUMERATION, ZE_RESULT_ERROR_INVALID_ENUMERATION);
 

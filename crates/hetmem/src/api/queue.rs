@@ -2,6 +2,7 @@
 //! where the rules live) and the calls, as methods of [`crate::Context`] and [`crate::Driver`].
 
 use parking_lot::Mutex;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -21,6 +22,65 @@ pub struct Event {
     /// The wait token: one strong count per API clone, and one per command that waits on the
     /// event, from its submission until its wait is over.
     waits: Arc<()>,
+    /// The id of the context the event was made in.
+    context: u64,
+    /// The pool slot the event holds, given back when the last clone is dropped.
+    _slot: Option<Arc<PoolSlot>>,
+}
+
+/// A taken slot of an [`EventPool`]; freed on drop.
+#[derive(Debug)]
+struct PoolSlot {
+    used: std::sync::Weak<Mutex<BTreeSet<u32>>>,
+    index: u32,
+}
+
+impl Drop for PoolSlot {
+    fn drop(&mut self) {
+        if let Some(u) = self.used.upgrade() {
+            u.lock().remove(&self.index);
+        }
+    }
+}
+
+/// An event pool (`ze_event_pool_handle_t`) of `count` host-visible events, each in its own
+/// index ([`EventPool::create_event`]); an index is free again once every clone of its event
+/// is dropped. Events keep working after the pool is dropped.
+#[derive(Debug)]
+pub struct EventPool {
+    ctx: Context,
+    count: u32,
+    /// Indices with a live event (a set: a pool of 2^32 events costs nothing until its events
+    /// are made).
+    used: Arc<Mutex<BTreeSet<u32>>>,
+}
+
+impl EventPool {
+    /// The number of events the pool holds.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// The number of indices taken by live events.
+    pub fn used(&self) -> usize {
+        self.used.lock().len()
+    }
+
+    /// Creates the event in slot `index`, not signalled (`zeEventCreate`).
+    ///
+    /// Errors: `InvalidArgument` for an index not below [`EventPool::count`] or one a live
+    /// event of the pool holds (nothing is taken then); `OutOfHostMemory` from the backend.
+    pub fn create_event(&self, index: u32) -> Result<Event> {
+        take_pool_index(&mut self.used.lock(), self.count, index)?;
+        let slot = Arc::new(PoolSlot {
+            used: Arc::downgrade(&self.used),
+            index,
+        });
+        // On failure the slot is dropped and the index freed.
+        let mut e = self.ctx.create_event()?;
+        e._slot = Some(slot);
+        Ok(e)
+    }
 }
 
 impl Event {
@@ -129,10 +189,18 @@ impl CommandQueue {
         &self.device
     }
 
-    /// Creates a fence of this queue, not signalled (`zeFenceCreate`).
-    pub fn create_fence(&self) -> Result<Fence> {
+    /// Creates a fence of this queue (`zeFenceCreate`), signalled at once if `signaled`
+    /// (`ZE_FENCE_FLAG_SIGNALED`: a host synchronize returns at once until
+    /// [`Fence::reset`]).
+    ///
+    /// Errors: `OutOfHostMemory` from the backend.
+    pub fn create_fence(&self, signaled: bool) -> Result<Fence> {
+        let flag = self.sub.driver.backend.create_sync()?;
+        if signaled {
+            flag.signal();
+        }
         Ok(Fence {
-            flag: self.sub.driver.backend.create_sync()?,
+            flag,
             queue: self.id,
         })
     }
@@ -140,8 +208,8 @@ impl CommandQueue {
     /// Submits `lists`, in order, as one batch (`zeCommandQueueExecuteCommandLists`); returns
     /// at once. `fence`, if given, is signalled when the whole batch has finished.
     ///
-    /// Errors: `InvalidSize` for no list; `InvalidArgument` for a list that is open, immediate
-    /// or of another device, a fence of another queue, or an operand that is no longer live
+    /// Errors: `InvalidSize` for no list; `InvalidArgument` for a list that is open, immediate,
+    /// of another device or of another context, a fence of another queue, or an operand that is no longer live
     /// memory with the needed access (nothing is submitted then).
     pub fn execute_command_lists(
         &self,
@@ -160,6 +228,7 @@ impl CommandQueue {
         }
         let mut cmds = Vec::new();
         for (i, l) in lists.iter().enumerate() {
+            check_same_context(&format!("command list {i}"), l._ctx.id(), self._ctx.id())?;
             if l.device != self.device {
                 return Err(Error::InvalidArgument(format!(
                     "command list {i} is for device {}, the queue for device {}",
@@ -243,6 +312,18 @@ impl CommandList {
         &self.device
     }
 
+    /// Checks that `events` (the signal first, then the waits) were made in the list's context.
+    fn check_events(&self, signal: Option<&Event>, wait: &[&Event]) -> Result<()> {
+        let ours = self._ctx.id();
+        if let Some(e) = signal {
+            check_same_context("the signal event", e.context, ours)?;
+        }
+        for (i, e) in wait.iter().enumerate() {
+            check_same_context(&format!("wait event {i}"), e.context, ours)?;
+        }
+        Ok(())
+    }
+
     fn append(&self, cmds: Vec<Cmd>) -> Result<()> {
         match &self.kind {
             ListKind::Immediate(sub) => sub.submit(&cmds, None),
@@ -276,6 +357,7 @@ impl CommandList {
         signal: Option<&Event>,
         wait: &[&Event],
     ) -> Result<()> {
+        self.check_events(signal, wait)?;
         self.append(event_cmds(Some(Cmd::Copy { dst, src, size }), signal, wait))
     }
 
@@ -296,6 +378,7 @@ impl CommandList {
         wait: &[&Event],
     ) -> Result<()> {
         check_pattern(pattern)?;
+        self.check_events(signal, wait)?;
         let fill = Cmd::Fill {
             ptr,
             pattern: pattern.to_vec(),
@@ -310,6 +393,7 @@ impl CommandList {
     ///
     /// Errors: `InvalidArgument` if the list is closed.
     pub fn append_barrier(&self, signal: Option<&Event>, wait: &[&Event]) -> Result<()> {
+        self.check_events(signal, wait)?;
         self.append(event_cmds(None, signal, wait))
     }
 
@@ -318,6 +402,7 @@ impl CommandList {
     ///
     /// Errors: `InvalidArgument` if the list is closed.
     pub fn append_signal_event(&self, event: &Event) -> Result<()> {
+        self.check_events(Some(event), &[])?;
         self.append(vec![Cmd::Signal(event.flag.clone())])
     }
 
@@ -330,6 +415,7 @@ impl CommandList {
         if events.is_empty() {
             return Err(Error::InvalidSize("no event to wait on".into()));
         }
+        self.check_events(None, events)?;
         self.append(event_cmds(None, None, events))
     }
 
@@ -415,7 +501,62 @@ impl Context {
             flag: self.driver().shared.backend.create_sync()?,
             clones: Arc::new(()),
             waits: Arc::new(()),
+            context: self.id(),
+            _slot: None,
         })
+    }
+
+    /// Creates an event pool of `count` events (`zeEventPoolCreate`, host visible); its events
+    /// are made by index with [`EventPool::create_event`].
+    ///
+    /// Errors: `InvalidSize` for a count of 0.
+    pub fn create_event_pool(&self, count: u32) -> Result<EventPool> {
+        check_pool_count(count)?;
+        Ok(EventPool {
+            ctx: self.clone(),
+            count,
+            used: Arc::default(),
+        })
+    }
+
+    /// Checks a [`CommandQueueDesc`] and creates the queue it describes
+    /// (`zeCommandQueueCreate`); the mode is the caller's to honour (a synchronous queue's
+    /// caller waits after each execute).
+    ///
+    /// Errors: those of [`CommandQueueDesc::check`], then of [`Context::create_command_queue`].
+    pub fn create_command_queue_with(
+        &self,
+        device: &Device,
+        desc: &CommandQueueDesc,
+    ) -> Result<CommandQueue> {
+        desc.check()?;
+        self.create_command_queue(device)
+    }
+
+    /// Checks a [`CommandListDesc`] and creates the regular list (`zeCommandListCreate`).
+    ///
+    /// Errors: those of [`CommandListDesc::check`], then of [`Context::create_command_list`].
+    pub fn create_command_list_with(
+        &self,
+        device: &Device,
+        desc: &CommandListDesc,
+    ) -> Result<CommandList> {
+        desc.check()?;
+        self.create_command_list(device)
+    }
+
+    /// Checks a [`CommandQueueDesc`] and creates the immediate list it describes
+    /// (`zeCommandListCreateImmediate`).
+    ///
+    /// Errors: those of [`CommandQueueDesc::check`], then of
+    /// [`Context::create_immediate_command_list`].
+    pub fn create_immediate_command_list_with(
+        &self,
+        device: &Device,
+        desc: &CommandQueueDesc,
+    ) -> Result<CommandList> {
+        desc.check()?;
+        self.create_immediate_command_list(device)
     }
 }
 

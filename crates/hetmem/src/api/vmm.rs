@@ -91,6 +91,21 @@ impl Context {
             .destroy_physical(d.backend.as_ref(), self.id(), phys.id)
     }
 
+    /// The properties of a physical memory object of this context
+    /// (`zePhysicalMemGetProperties`): its id and size.
+    ///
+    /// Errors: `InvalidArgument` for an object that is not live in this context (destroyed,
+    /// or made in another context).
+    pub fn physical_memory_properties(&self, phys: &PhysicalMemory) -> Result<PhysicalMemory> {
+        let d = self.d();
+        let vm = d.vm.read();
+        let p = vm.physical_of(self.id(), phys.id)?;
+        Ok(PhysicalMemory {
+            id: phys.id,
+            size: p.size,
+        })
+    }
+
     /// Maps `[offset, offset+size)` of `phys` at `ptr` with `access` (`zeVirtualMemMap`).
     /// One physical object may be mapped at several addresses at once; aliases share bytes.
     ///

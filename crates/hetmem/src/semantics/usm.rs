@@ -86,6 +86,9 @@ pub struct AllocDesc {
     /// the system memory to import instead of allocating (`size` bytes of it; both multiples
     /// of the host page). The allocation's address is this address.
     pub system_memory: Option<usize>,
+    /// The `size` of the system-memory descriptor, when it was given apart from the call's
+    /// size ([`AllocDesc::system_memory_sized`]): it must equal [`AllocDesc::size`].
+    pub system_memory_size: Option<u64>,
     /// `ZE_HOST_MEM_ALLOC_FLAG_MEM_READ_ONLY` with [`AllocDesc::system_memory`]: the imported
     /// memory may be read-only, and devices get read-only access to it.
     pub read_only: bool,
@@ -126,6 +129,14 @@ impl AllocDesc {
         self.read_only = read_only;
         self
     }
+    /// Chains a system-memory import whose descriptor carries its own `size`
+    /// (`ze_external_memmap_sysmem_ext_desc_t::size`), checked against the call's size by
+    /// [`check_chain`].
+    pub fn system_memory_sized(mut self, ptr: usize, size: u64, read_only: bool) -> AllocDesc {
+        self = self.system_memory(ptr, read_only);
+        self.system_memory_size = Some(size);
+        self
+    }
 }
 
 /// Checks that every option chained on `desc` applies to an allocation at `location`: a
@@ -133,8 +144,20 @@ impl AllocDesc {
 /// only (the extension: "may be passed to zeMemAllocHost, via the pNext member of
 /// ze_host_mem_alloc_desc_t").
 ///
-/// Errors: `InvalidArgument` naming the descriptor and the call it was chained to.
+/// The descriptor names the memory, so the call's size must agree with the descriptor's
+/// ([`AllocDesc::system_memory_sized`]).
+///
+/// Errors: `InvalidArgument` naming the descriptor and the call it was chained to, or both
+/// sizes when they differ.
 pub fn check_chain(location: AllocLocation, desc: &AllocDesc) -> Result<()> {
+    if let Some(sys) = desc.system_memory_size {
+        if sys != desc.size as u64 {
+            return Err(Error::InvalidArgument(format!(
+                "size {:#x} differs from the system-memory descriptor's size {sys:#x}",
+                desc.size
+            )));
+        }
+    }
     if let (Some(ptr), AllocLocation::Device(_) | AllocLocation::Shared(_)) =
         (desc.system_memory, location)
     {
