@@ -48,7 +48,8 @@ pub unsafe extern "C" fn aclrtMalloc(
 /// `aclrtFree`: frees device memory from `aclrtMalloc` or managed memory from
 /// `aclrtMemAllocManaged` (`devPtr` must be the pointer they returned, in the current
 /// context). Stream work still using device memory finishes first (the memory goes when it
-/// has).
+/// has); for managed memory the free waits until stream work queued on it has run
+/// ([`hetmem::Context::free_managed`]), so a later `aclrtSynchronizeStream` returns 0.
 ///
 /// Errors (nothing freed): `ACL_ERROR_INVALID_PARAM` (100000) for NULL;
 /// `ACL_ERROR_RT_PARAM_INVALID` (107000) for any other pointer (interior, unknown, freed,

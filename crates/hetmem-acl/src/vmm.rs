@@ -5,9 +5,12 @@
 //! `aclrtMemSetPidToShareableHandle`, `aclrtMemImportFromShareableHandle`.
 //!
 //! Sizes, alignment and mapping rules are hetmem's ([`hetmem::Context::reserve`],
-//! [`hetmem::Context::map`], ...): the granularity this library reports is the page size
-//! hetmem answers for 2 MiB ([`hetmem::Context::query_page_size`]), so programs that size
-//! everything in multiples of it follow the rules.
+//! [`hetmem::Context::map`], and the ACL argument rules of [`hetmem::acl`]): the granularity
+//! this library reports ([`hetmem::Context::acl_granularity`], 2 MiB on the host backend) is
+//! the rule, as the ACL documentation states it: the sizes of reservations, physical memory and
+//! mappings are multiples of it (a smaller hetmem page size such as 64 KiB is refused, 107000),
+//! and size 0 is `ACL_ERROR_INVALID_PARAM` (100000) for all three
+//! ([`hetmem::acl::check_vmm_size`]).
 //!
 //! # Shareable handles
 //! ACL's shareable handle is a `uint64_t` that another process imports. A hetmem IPC handle is
@@ -287,8 +290,9 @@ pub unsafe extern "C" fn aclrtMemGetAllocationGranularity(
 /// of two up to the granularity (every reservation is aligned to it); `flags` is not used.
 ///
 /// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for a null `virPtr` or size 0;
-/// `ACL_ERROR_RT_PARAM_INVALID` (107000) for a size that is not a multiple of the page size for
-/// it, or another alignment; 207001 when the address space is exhausted.
+/// `ACL_ERROR_RT_PARAM_INVALID` (107000) for a size that is not a multiple of the granularity
+/// (`aclrtMemGetAllocationGranularity`), or another alignment; 207001 when the address space is
+/// exhausted.
 #[no_mangle]
 pub unsafe extern "C" fn aclrtReserveMemAddress(
     vir_ptr: *mut *mut libc::c_void,
@@ -365,7 +369,7 @@ pub extern "C" fn aclrtReleaseMemAddress(vir_ptr: *mut libc::c_void) -> AclError
 ///
 /// Errors (`*handle` unchanged): `ACL_ERROR_INVALID_PARAM` (100000) for a null pointer, size 0
 /// or flags other than 0; `ACL_ERROR_RT_PARAM_INVALID` (107000) for a property out of range or
-/// a size that is not a multiple of the page size for it; 207001 when the device is full.
+/// a size that is not a multiple of the granularity; 207001 when the device is full.
 #[no_mangle]
 pub unsafe extern "C" fn aclrtMallocPhysical(
     handle: *mut *mut libc::c_void,
@@ -443,9 +447,9 @@ pub extern "C" fn aclrtFreePhysical(handle: *mut libc::c_void) -> AclError {
 /// `aclrtMapMem`: maps `[offset, offset+size)` of the physical memory at `virPtr`, inside a
 /// reservation, readable and writable; one mapping per `virPtr` (`aclrtUnmapMem` takes it).
 ///
-/// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for NULL or flags other than 0;
+/// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for NULL, size 0 or flags other than 0;
 /// `ACL_ERROR_RT_PARAM_INVALID` (107000) for a handle that is not live, a size not a multiple
-/// of the page size for it, a range not inside one reservation or overlapping a mapping, or
+/// of the granularity, a range not inside one reservation or overlapping a mapping, or
 /// past the end of the physical memory; `ACL_ERROR_RT_ADDR_UNALIGNED` (107008) for an address
 /// or offset not aligned to the page size.
 #[no_mangle]

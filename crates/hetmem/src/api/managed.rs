@@ -56,8 +56,9 @@ impl Stream {
     /// Waits for everything submitted before (`aclrtSynchronizeStream`).
     ///
     /// Errors: the first error of the work since the last synchronize (e.g. `OutOfDeviceMemory`
-    /// when a device full of non-managed memory could not take a page, or `AddressNotFound` for
-    /// memory freed before its work ran); the stream stays usable.
+    /// when a device full of non-managed memory could not take a page); the stream stays
+    /// usable. Managed memory is never freed under queued work ([`Context::free_managed`]
+    /// waits for it).
     pub fn synchronize(&self) -> Result<()> {
         self.queue.synchronize(u64::MAX)?;
         match self.error.lock().take() {
@@ -787,8 +788,8 @@ impl Context {
     /// stream of another driver. At run time (reported by [`Stream::synchronize`]):
     /// `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001) if the device cannot take a single page (full of memory
     /// that is not an evictable managed page): nothing moves, `LAST_PREFETCH_LOCATION` keeps
-    /// the request (it records requests, not completion); `AddressNotFound` if the memory was
-    /// freed before the prefetch ran.
+    /// the request (it records requests, not completion). A free of the memory waits until the
+    /// prefetch has run.
     ///
     /// `ptr` and `size` in bytes, both multiples of 2 MiB ([`MANAGED_PAGE_SIZE`]). A prefetch
     /// larger than the device leaves its last pages there (earlier ones are evicted).
