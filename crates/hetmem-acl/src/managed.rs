@@ -78,24 +78,11 @@ pub extern "C" fn aclrtMemManagedAdvise(
         }
         let c = g.current()?;
         let size = usize_of(size, "size")?;
-        if size == 0 {
-            return Err(hetmem::Error::InvalidSize("size is 0".into()).into());
-        }
+        hetmem::acl::check_nonzero(size, "size")?;
         let advice = hetmem::Advice::from_raw(advise)?;
-        let loc = location_for(advice, location)?;
+        let loc = hetmem::acl::advice_location(advice, location.ty, location.id)?;
         Ok(c.ctx.mem_advise(ptr as usize, size, advice, loc)?)
     })
-}
-
-/// The location of an advice: decoded only where the advice reads it (`SET_READ_MOSTLY` and
-/// `UNSET_PREFERRED_LOCATION` ignore it, so any value is accepted there).
-fn location_for(advice: hetmem::Advice, l: AclMemManagedLocation) -> Res<hetmem::Location> {
-    match advice {
-        hetmem::Advice::SetReadMostly | hetmem::Advice::UnsetPreferredLocation => {
-            Ok(decode_location(l).unwrap_or(hetmem::Location::Invalid))
-        }
-        _ => decode_location(l),
-    }
 }
 
 /// `aclrtMemManagedPrefetchAsync`: migrates `[ptr, ptr+size)` to `location` in order on
@@ -119,9 +106,7 @@ pub extern "C" fn aclrtMemManagedPrefetchAsync(
         if ptr.is_null() {
             return Err(null("ptr"));
         }
-        if size == 0 {
-            return Err(hetmem::Error::InvalidSize("size is 0".into()).into());
-        }
+        hetmem::acl::check_nonzero(size, "size")?;
         let s = g.stream(stream as usize)?;
         let loc = decode_location(location)?;
         let st = s.managed()?;
@@ -195,15 +180,7 @@ pub unsafe extern "C" fn aclrtMemManagedGetAttrs(
         if attributes.is_null() || data.is_null() || data_sizes.is_null() {
             return Err(null("attributes, data or dataSizes"));
         }
-        if num_attributes == 0 {
-            return Err(hetmem::Error::InvalidSize("numAttributes is 0".into()).into());
-        }
-        if num_attributes > 1 << 20 {
-            return Err(hetmem::Error::UnsupportedSize(format!(
-                "numAttributes {num_attributes} is more than there are attributes to ask"
-            ))
-            .into());
-        }
+        hetmem::acl::check_attribute_count(num_attributes)?;
         let c = g.current()?;
         // SAFETY: arrays of `num_attributes` elements (the caller's contract).
         let (attrs, ptrs, sizes) = unsafe {

@@ -10,31 +10,10 @@
 //! one of the eight values and otherwise not used to choose a path (pointers decide).
 
 use crate::state;
-use crate::{entry, null, out, AclError, Res};
+use crate::{entry, null, out, AclError};
 
 /// The highest `aclrtMemcpyKind` (`ACL_MEMCPY_INTER_DEVICE_TO_DEVICE`).
-pub const MAX_MEMCPY_KIND: u32 = 7;
-
-fn check_policy(policy: u32) -> Res {
-    // A page policy (0..=7), optionally with the bandwidth / read-only bits of the header.
-    let extra = policy & !0xff;
-    let base = policy & 0xff;
-    if base > 7 || extra & !(0x100 | 0x1000 | 0x10_0000) != 0 {
-        return Err(hetmem::Error::UnsupportedEnumeration(format!(
-            "policy {policy:#x} is not an aclrtMemMallocPolicy (0..=7, optionally with \
-             ACL_MEM_TYPE_LOW_BAND_WIDTH / HIGH_BAND_WIDTH / ACL_MEM_ACCESS_USER_SPACE_READONLY)"
-        ))
-        .into());
-    }
-    Ok(())
-}
-
-fn nonzero(size: usize, what: &str) -> Res {
-    if size == 0 {
-        return Err(hetmem::Error::InvalidSize(format!("{what} is 0")).into());
-    }
-    Ok(())
-}
+pub const MAX_MEMCPY_KIND: u32 = hetmem::spec::MemcpyKind::MAX;
 
 /// `aclrtMalloc`: `size` bytes of device memory on the current device, aligned to the page size
 /// for that size (64 KiB below 2 MiB, 2 MiB from 2 MiB up), charged to the device's capacity.
@@ -56,8 +35,8 @@ pub unsafe extern "C" fn aclrtMalloc(
         if dev_ptr.is_null() {
             return Err(null("devPtr"));
         }
-        nonzero(size, "size")?;
-        check_policy(policy)?;
+        hetmem::acl::check_nonzero(size, "size")?;
+        hetmem::spec::MallocPolicy::from_raw(policy)?;
         let c = g.current()?;
         let p = c.ctx.alloc_device(&c.dev, &hetmem::AllocDesc::new(size))?;
         // SAFETY: non-null out-pointer.
@@ -69,7 +48,8 @@ pub unsafe extern "C" fn aclrtMalloc(
 /// `aclrtFree`: frees device memory from `aclrtMalloc` or managed memory from
 /// `aclrtMemAllocManaged` (`devPtr` must be the pointer they returned, in the current
 /// context). Stream work still using device memory finishes first (the memory goes when it
-/// has).
+/// has); for managed memory the free waits until stream work queued on it has run
+/// ([`hetmem::Context::free_managed`]), so a later `aclrtSynchronizeStream` returns 0.
 ///
 /// Errors (nothing freed): `ACL_ERROR_INVALID_PARAM` (100000) for NULL;
 /// `ACL_ERROR_RT_PARAM_INVALID` (107000) for any other pointer (interior, unknown, freed,
@@ -87,12 +67,7 @@ pub extern "C" fn aclrtFree(dev_ptr: *mut libc::c_void) -> AclError {
             return Ok(c.ctx.free_managed(p)?);
         }
         let props = c.ctx.get_allocation_properties(p)?;
-        if props.memory_type == hetmem::MemoryType::Host {
-            return Err(hetmem::Error::InvalidArgument(format!(
-                "{p:#x} is host memory of aclrtMallocHost; free it with aclrtFreeHost"
-            ))
-            .into());
-        }
+        hetmem::acl::check_free_kind(p, props.memory_type, false)?;
         Ok(c.ctx.free_memory(p)?)
     })
 }
@@ -112,7 +87,7 @@ pub unsafe extern "C" fn aclrtMallocHost(
         if host_ptr.is_null() {
             return Err(null("hostPtr"));
         }
-        nonzero(size, "size")?;
+        hetmem::acl::check_nonzero(size, "size")?;
         let c = g.current()?;
         let p = c
             .ctx
@@ -137,25 +112,9 @@ pub extern "C" fn aclrtFreeHost(host_ptr: *mut libc::c_void) -> AclError {
         }
         let c = g.current()?;
         let props = c.ctx.get_allocation_properties(p)?;
-        if props.memory_type != hetmem::MemoryType::Host {
-            return Err(hetmem::Error::InvalidArgument(format!(
-                "{p:#x} is not host memory of aclrtMallocHost ({:?})",
-                props.memory_type
-            ))
-            .into());
-        }
+        hetmem::acl::check_free_kind(p, props.memory_type, true)?;
         Ok(c.ctx.free_memory(p)?)
     })
-}
-
-fn check_count(count: usize, max: usize, what: &str) -> Res {
-    if count > max {
-        return Err(hetmem::Error::InvalidSize(format!(
-            "count {count:#x} exceeds {what} {max:#x}"
-        ))
-        .into());
-    }
-    Ok(())
 }
 
 /// `aclrtMemset`: sets `count` bytes at `devPtr` to the low byte of `value`, host-synchronously
@@ -176,7 +135,7 @@ pub extern "C" fn aclrtMemset(
         if dev_ptr.is_null() {
             return Err(null("devPtr"));
         }
-        check_count(count, max_count, "maxCount")?;
+        hetmem::acl::check_count(count, max_count, "maxCount")?;
         let c = g.current()?;
         // SAFETY: aclrtMemset's contract: the C caller owns the destination memory.
         Ok(unsafe { c.ctx.host_memset(dev_ptr as usize, value as u8, count) }?)
@@ -201,20 +160,10 @@ pub extern "C" fn aclrtMemsetAsync(
         if dev_ptr.is_null() {
             return Err(null("devPtr"));
         }
-        check_count(count, max_count, "maxCount")?;
+        hetmem::acl::check_count(count, max_count, "maxCount")?;
         let s = g.stream(stream as usize)?;
         s.memset(dev_ptr as usize, value as u8, count)
     })
-}
-
-fn check_kind(kind: u32) -> Res {
-    if kind > MAX_MEMCPY_KIND {
-        return Err(hetmem::Error::UnsupportedEnumeration(format!(
-            "kind {kind} is not an aclrtMemcpyKind (0..=7)"
-        ))
-        .into());
-    }
-    Ok(())
 }
 
 /// `aclrtMemcpy`: copies `count` bytes from `src` to `dst` host-synchronously, any `kind`
@@ -236,8 +185,8 @@ pub extern "C" fn aclrtMemcpy(
         if dst.is_null() || src.is_null() {
             return Err(null(if dst.is_null() { "dst" } else { "src" }));
         }
-        check_count(count, dest_max, "destMax")?;
-        check_kind(kind)?;
+        hetmem::acl::check_count(count, dest_max, "destMax")?;
+        hetmem::spec::MemcpyKind::from_raw(kind)?;
         let c = g.current()?;
         // SAFETY: aclrtMemcpy's contract: the C caller owns both ranges.
         Ok(unsafe { c.ctx.host_memcpy(dst as usize, src as usize, count) }?)
@@ -264,8 +213,8 @@ pub extern "C" fn aclrtMemcpyAsync(
         if dst.is_null() || src.is_null() {
             return Err(null(if dst.is_null() { "dst" } else { "src" }));
         }
-        check_count(count, dest_max, "destMax")?;
-        check_kind(kind)?;
+        hetmem::acl::check_count(count, dest_max, "destMax")?;
+        hetmem::spec::MemcpyKind::from_raw(kind)?;
         let s = g.stream(stream as usize)?;
         s.memcpy(dst as usize, src as usize, count)
     })
@@ -289,12 +238,7 @@ pub unsafe extern "C" fn aclrtGetMemInfo(
         if free.is_null() || total.is_null() {
             return Err(null(if free.is_null() { "free" } else { "total" }));
         }
-        if attr > 17 {
-            return Err(hetmem::Error::UnsupportedEnumeration(format!(
-                "attr {attr} is not an aclrtMemAttr (0..=17)"
-            ))
-            .into());
-        }
+        hetmem::spec::MemAttr::from_raw(attr, "attr")?;
         let c = g.current()?;
         let cap = c.dev.info().capacity;
         let used = c.dev.used_memory();

@@ -5,9 +5,12 @@
 //! `aclrtMemSetPidToShareableHandle`, `aclrtMemImportFromShareableHandle`.
 //!
 //! Sizes, alignment and mapping rules are hetmem's ([`hetmem::Context::reserve`],
-//! [`hetmem::Context::map`], ...): the granularity this library reports is the page size
-//! hetmem answers for 2 MiB ([`hetmem::Context::query_page_size`]), so programs that size
-//! everything in multiples of it follow the rules.
+//! [`hetmem::Context::map`], and the ACL argument rules of [`hetmem::acl`]): the granularity
+//! this library reports ([`hetmem::Context::acl_granularity`], 2 MiB on the host backend) is
+//! the rule, as the ACL documentation states it: the sizes of reservations, physical memory and
+//! mappings are multiples of it (a smaller hetmem page size such as 64 KiB is refused, 107000),
+//! and size 0 is `ACL_ERROR_INVALID_PARAM` (100000) for all three
+//! ([`hetmem::acl::check_vmm_size`]).
 //!
 //! # Shareable handles
 //! ACL's shareable handle is a `uint64_t` that another process imports. A hetmem IPC handle is
@@ -55,7 +58,8 @@ pub struct AclPhysicalMemProp {
 }
 
 /// `ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION`.
-pub const EXPORT_FLAG_DISABLE_PID_VALIDATION: u64 = 0x1;
+pub const EXPORT_FLAG_DISABLE_PID_VALIDATION: u64 =
+    hetmem::spec::ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION;
 const FILE_MAGIC: &[u8; 8] = b"HMACLSH1";
 
 /// An export of a physical handle: its shareable value, hetmem handle and file.
@@ -231,35 +235,17 @@ fn read_share_file(shareable: u64) -> Res<(u64, hetmem::IpcHandle, Vec<i32>)> {
 
 static NEXT_SHAREABLE: AtomicU32 = AtomicU32::new(1);
 
+/// Decodes `prop` ([`hetmem::acl::check_physical_prop`]) and looks up its device (DEVICE
+/// location; `None` for HOST).
 fn check_prop(g: &state::Global, prop: &AclPhysicalMemProp) -> Res<Option<hetmem::Device>> {
-    if prop.handle_type != 0 && prop.handle_type != 2 {
-        return Err(hetmem::Error::UnsupportedEnumeration(format!(
-            "handleType {} is not an aclrtMemHandleType (NONE 0, POSIX 2)",
-            prop.handle_type
-        ))
-        .into());
-    }
-    if prop.allocation_type != 0 {
-        return Err(hetmem::Error::UnsupportedEnumeration(format!(
-            "allocationType {} is not ACL_MEM_ALLOCATION_TYPE_PINNED (0)",
-            prop.allocation_type
-        ))
-        .into());
-    }
-    if prop.mem_attr > 17 {
-        return Err(hetmem::Error::UnsupportedEnumeration(format!(
-            "memAttr {} is not an aclrtMemAttr (0..=17)",
-            prop.mem_attr
-        ))
-        .into());
-    }
-    match prop.location_type {
-        1 => Ok(Some(g.device(prop.location_id as i64)?)),
-        0 => Ok(None),
-        t => Err(hetmem::Error::UnsupportedEnumeration(format!(
-            "location.type {t} is not DEVICE (1) or HOST (0) for physical memory"
-        ))
-        .into()),
+    match hetmem::acl::check_physical_prop(
+        prop.handle_type,
+        prop.allocation_type,
+        prop.mem_attr,
+        prop.location_type,
+    )? {
+        hetmem::spec::PhysLocationType::Device => Ok(Some(g.device(prop.location_id as i64)?)),
+        hetmem::spec::PhysLocationType::Host => Ok(None),
     }
 }
 
@@ -288,16 +274,10 @@ pub unsafe extern "C" fn aclrtMemGetAllocationGranularity(
         // SAFETY: non-null, the caller's struct.
         let p = unsafe { prop.read_unaligned() };
         let dev = check_prop(&g, &p)?;
-        if option > 1 {
-            return Err(hetmem::Error::UnsupportedEnumeration(format!(
-                "option {option:#x} is not ACL_RT_MEM_ALLOC_GRANULARITY_MINIMUM (0) or \
-                 RECOMMENDED (1)"
-            ))
-            .into());
-        }
+        hetmem::spec::GranularityOption::from_raw(option)?;
         let c = g.current()?;
         let dev = dev.unwrap_or_else(|| c.dev.clone());
-        let page = c.ctx.query_page_size(&dev, 2 << 20)?;
+        let page = c.ctx.acl_granularity(&dev)?;
         // SAFETY: non-null out-pointer.
         unsafe { out(granularity, page) };
         Ok(())
@@ -310,8 +290,9 @@ pub unsafe extern "C" fn aclrtMemGetAllocationGranularity(
 /// of two up to the granularity (every reservation is aligned to it); `flags` is not used.
 ///
 /// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for a null `virPtr` or size 0;
-/// `ACL_ERROR_RT_PARAM_INVALID` (107000) for a size that is not a multiple of the page size for
-/// it, or another alignment; 207001 when the address space is exhausted.
+/// `ACL_ERROR_RT_PARAM_INVALID` (107000) for a size that is not a multiple of the granularity
+/// (`aclrtMemGetAllocationGranularity`), or another alignment; 207001 when the address space is
+/// exhausted.
 #[no_mangle]
 pub unsafe extern "C" fn aclrtReserveMemAddress(
     vir_ptr: *mut *mut libc::c_void,
@@ -325,18 +306,11 @@ pub unsafe extern "C" fn aclrtReserveMemAddress(
         if vir_ptr.is_null() {
             return Err(null("virPtr"));
         }
-        if size == 0 {
-            return Err(hetmem::Error::InvalidSize("size is 0".into()).into());
-        }
+        hetmem::acl::check_nonzero(size, "size")?;
         let c = g.current()?;
-        let page = c.ctx.query_page_size(&c.dev, size)?;
-        if alignment != 0 && (!alignment.is_power_of_two() || alignment > page) {
-            return Err(hetmem::Error::InvalidArgument(format!(
-                "alignment {alignment:#x} is not 0 or a power of two up to the page size \
-                 {page:#x} for this size"
-            ))
-            .into());
-        }
+        let gran = c.ctx.acl_granularity(&c.dev)?;
+        hetmem::acl::check_vmm_size(size, gran)?;
+        hetmem::acl::check_reserve_alignment(alignment, gran)?;
         let hint = (!expect_ptr.is_null()).then_some(expect_ptr as usize);
         let r = c.ctx.reserve(hint, size)?;
         let base = r.base;
@@ -395,7 +369,7 @@ pub extern "C" fn aclrtReleaseMemAddress(vir_ptr: *mut libc::c_void) -> AclError
 ///
 /// Errors (`*handle` unchanged): `ACL_ERROR_INVALID_PARAM` (100000) for a null pointer, size 0
 /// or flags other than 0; `ACL_ERROR_RT_PARAM_INVALID` (107000) for a property out of range or
-/// a size that is not a multiple of the page size for it; 207001 when the device is full.
+/// a size that is not a multiple of the granularity; 207001 when the device is full.
 #[no_mangle]
 pub unsafe extern "C" fn aclrtMallocPhysical(
     handle: *mut *mut libc::c_void,
@@ -408,18 +382,14 @@ pub unsafe extern "C" fn aclrtMallocPhysical(
         if handle.is_null() || prop.is_null() {
             return Err(null(if handle.is_null() { "handle" } else { "prop" }));
         }
-        if size == 0 {
-            return Err(hetmem::Error::InvalidSize("size is 0".into()).into());
-        }
-        if flags != 0 {
-            return Err(
-                hetmem::Error::InvalidEnumeration(format!("flags {flags:#x} must be 0")).into(),
-            );
-        }
+        hetmem::acl::check_nonzero(size, "size")?;
+        hetmem::acl::check_flags_zero(flags)?;
         // SAFETY: non-null, the caller's struct.
         let p = unsafe { prop.read_unaligned() };
         let dev = check_prop(&g, &p)?;
         let c = g.current()?;
+        let gran = c.ctx.acl_granularity(dev.as_ref().unwrap_or(&c.dev))?;
+        hetmem::acl::check_vmm_size(size, gran)?;
         let mem = match &dev {
             Some(d) => c.ctx.create_physical_memory(
                 Some(d),
@@ -477,9 +447,9 @@ pub extern "C" fn aclrtFreePhysical(handle: *mut libc::c_void) -> AclError {
 /// `aclrtMapMem`: maps `[offset, offset+size)` of the physical memory at `virPtr`, inside a
 /// reservation, readable and writable; one mapping per `virPtr` (`aclrtUnmapMem` takes it).
 ///
-/// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for NULL or flags other than 0;
+/// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for NULL, size 0 or flags other than 0;
 /// `ACL_ERROR_RT_PARAM_INVALID` (107000) for a handle that is not live, a size not a multiple
-/// of the page size for it, a range not inside one reservation or overlapping a mapping, or
+/// of the granularity, a range not inside one reservation or overlapping a mapping, or
 /// past the end of the physical memory; `ACL_ERROR_RT_ADDR_UNALIGNED` (107008) for an address
 /// or offset not aligned to the page size.
 #[no_mangle]
@@ -495,11 +465,8 @@ pub extern "C" fn aclrtMapMem(
         if vir_ptr.is_null() {
             return Err(null("virPtr"));
         }
-        if flags != 0 {
-            return Err(
-                hetmem::Error::InvalidEnumeration(format!("flags {flags:#x} must be 0")).into(),
-            );
-        }
+        hetmem::acl::check_flags_zero(flags)?;
+        hetmem::acl::check_nonzero(size, "size")?;
         let va = vir_ptr as usize;
         // One hold of the registry: map never waits for device work, so holding it is short.
         let mut reg = g.reg.lock();
@@ -508,6 +475,8 @@ pub extern "C" fn aclrtMapMem(
             .phys
             .get(&h)
             .ok_or_else(|| state::bad_handle("physical memory handle", h))?;
+        let gran = p.ctx.ctx.acl_granularity(&p.ctx.dev)?;
+        hetmem::acl::check_vmm_size(size, gran)?;
         p.ctx
             .ctx
             .map(va, size, p.mem, offset, hetmem::AccessAttribute::ReadWrite)?;
@@ -565,19 +534,8 @@ pub unsafe extern "C" fn aclrtMemExportToShareableHandle(
             return Err(null("shareableHandle"));
         }
         let p = g.phys(handle as usize)?;
-        if handle_type != 0 && handle_type != 2 {
-            return Err(hetmem::Error::UnsupportedEnumeration(format!(
-                "handleType {handle_type} is not an aclrtMemHandleType (NONE 0, POSIX 2)"
-            ))
-            .into());
-        }
-        if flags > EXPORT_FLAG_DISABLE_PID_VALIDATION {
-            return Err(hetmem::Error::InvalidEnumeration(format!(
-                "flags {flags:#x} are not ACL_RT_VMM_EXPORT_FLAG_DEFAULT (0) or \
-                 DISABLE_PID_VALIDATION (1)"
-            ))
-            .into());
-        }
+        hetmem::spec::MemHandleType::from_raw(handle_type)?;
+        hetmem::acl::check_export_flags(flags)?;
         let mut ex = p.export.lock();
         if let Some(e) = &*ex {
             return Err(hetmem::Error::InvalidArgument(format!(
@@ -627,11 +585,7 @@ pub unsafe extern "C" fn aclrtMemSetPidToShareableHandle(
         if pid.is_null() {
             return Err(null("pid"));
         }
-        if pid_num == 0 || pid_num > 1 << 16 {
-            return Err(
-                hetmem::Error::InvalidSize(format!("pidNum {pid_num} is not 1 to 65536")).into(),
-            );
-        }
+        hetmem::acl::check_pid_count(pid_num)?;
         let h = g.reg.lock().shareable.get(&shareable).copied();
         let p = h.and_then(|h| g.phys(h).ok()).ok_or_else(|| {
             Fail::from(hetmem::Error::InvalidArgument(format!(

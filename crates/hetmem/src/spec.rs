@@ -624,3 +624,181 @@ impl MemoryAdvice {
         self.0
     }
 }
+
+/// `aclrtMemMallocPolicy` of `aclrtMalloc`: a page policy (0..=7, `ACL_MEM_MALLOC_HUGE_FIRST`
+/// ... `ACL_MEM_MALLOC_NORMAL_ONLY_P2P`), optionally or-ed with `ACL_MEM_TYPE_LOW_BAND_WIDTH`
+/// (0x100), `ACL_MEM_TYPE_HIGH_BAND_WIDTH` (0x1000) and `ACL_MEM_ACCESS_USER_SPACE_READONLY`
+/// (0x100000). Every policy places memory the same way in hetmem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MallocPolicy(u32);
+
+impl MallocPolicy {
+    /// The bits allowed beside the page policy.
+    pub const EXTRA_BITS: u32 = 0x100 | 0x1000 | 0x10_0000;
+
+    /// From the ACL value.
+    ///
+    /// Errors: `UnsupportedEnumeration` (107000) for a page policy over 7 or an unknown bit.
+    pub fn from_raw(policy: u32) -> Result<MallocPolicy> {
+        if policy & 0xff > 7 || (policy & !0xff) & !Self::EXTRA_BITS != 0 {
+            return Err(Error::UnsupportedEnumeration(format!(
+                "policy {policy:#x} is not an aclrtMemMallocPolicy (0..=7, optionally with \
+                 ACL_MEM_TYPE_LOW_BAND_WIDTH / HIGH_BAND_WIDTH / ACL_MEM_ACCESS_USER_SPACE_READONLY)"
+            )));
+        }
+        Ok(MallocPolicy(policy))
+    }
+    /// The ACL value.
+    pub fn raw(self) -> u32 {
+        self.0
+    }
+}
+
+/// `aclrtMemcpyKind` (0..=7, `ACL_MEMCPY_HOST_TO_HOST` ... `ACL_MEMCPY_INTER_DEVICE_TO_DEVICE`).
+/// hetmem copies every kind the same way (the pointers decide).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MemcpyKind(u32);
+
+impl MemcpyKind {
+    /// The highest value, `ACL_MEMCPY_INTER_DEVICE_TO_DEVICE`.
+    pub const MAX: u32 = 7;
+
+    /// From the ACL value.
+    ///
+    /// Errors: `UnsupportedEnumeration` (107000) over 7.
+    pub fn from_raw(kind: u32) -> Result<MemcpyKind> {
+        if kind > Self::MAX {
+            return Err(Error::UnsupportedEnumeration(format!(
+                "kind {kind} is not an aclrtMemcpyKind (0..=7)"
+            )));
+        }
+        Ok(MemcpyKind(kind))
+    }
+    /// The ACL value.
+    pub fn raw(self) -> u32 {
+        self.0
+    }
+}
+
+/// `aclrtMemAttr` (0..=17): the kind of memory `aclrtGetMemInfo` reports on and
+/// `aclrtPhysicalMemProp.memAttr` asks for. Every value answers for the device's one kind of
+/// memory in hetmem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MemAttr(u32);
+
+impl MemAttr {
+    /// The highest value.
+    pub const MAX: u32 = 17;
+
+    /// From the ACL value; `what` names the argument in the message (`attr`, `memAttr`).
+    ///
+    /// Errors: `UnsupportedEnumeration` (107000) over 17.
+    pub fn from_raw(v: u32, what: &str) -> Result<MemAttr> {
+        if v > Self::MAX {
+            return Err(Error::UnsupportedEnumeration(format!(
+                "{what} {v} is not an aclrtMemAttr (0..=17)"
+            )));
+        }
+        Ok(MemAttr(v))
+    }
+    /// The ACL value.
+    pub fn raw(self) -> u32 {
+        self.0
+    }
+}
+
+/// `aclrtMemHandleType` of physical memory and its exports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemHandleType {
+    /// `ACL_MEM_HANDLE_TYPE_NONE` (0).
+    None,
+    /// `ACL_MEM_HANDLE_TYPE_POSIX` (2).
+    Posix,
+}
+
+impl MemHandleType {
+    /// From the ACL value.
+    ///
+    /// Errors: `UnsupportedEnumeration` (107000) for anything but 0 and 2.
+    pub fn from_raw(v: u32) -> Result<MemHandleType> {
+        match v {
+            0 => Ok(MemHandleType::None),
+            2 => Ok(MemHandleType::Posix),
+            _ => Err(Error::UnsupportedEnumeration(format!(
+                "handleType {v} is not an aclrtMemHandleType (NONE 0, POSIX 2)"
+            ))),
+        }
+    }
+}
+
+/// `aclrtMemAllocationType`: only `ACL_MEM_ALLOCATION_TYPE_PINNED` (0) exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemAllocationType {
+    /// `ACL_MEM_ALLOCATION_TYPE_PINNED` (0).
+    Pinned,
+}
+
+impl MemAllocationType {
+    /// From the ACL value.
+    ///
+    /// Errors: `UnsupportedEnumeration` (107000) for anything but 0.
+    pub fn from_raw(v: u32) -> Result<MemAllocationType> {
+        match v {
+            0 => Ok(MemAllocationType::Pinned),
+            _ => Err(Error::UnsupportedEnumeration(format!(
+                "allocationType {v} is not ACL_MEM_ALLOCATION_TYPE_PINNED (0)"
+            ))),
+        }
+    }
+}
+
+/// `aclrtMemLocationType` of physical memory (`aclrtPhysicalMemProp.location.type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PhysLocationType {
+    /// `ACL_MEM_LOCATION_TYPE_HOST` (0): host physical memory.
+    Host,
+    /// `ACL_MEM_LOCATION_TYPE_DEVICE` (1): memory of the device `location.id`.
+    Device,
+}
+
+impl PhysLocationType {
+    /// From the ACL value.
+    ///
+    /// Errors: `UnsupportedEnumeration` (107000) for anything but 0 and 1.
+    pub fn from_raw(v: u32) -> Result<PhysLocationType> {
+        match v {
+            0 => Ok(PhysLocationType::Host),
+            1 => Ok(PhysLocationType::Device),
+            _ => Err(Error::UnsupportedEnumeration(format!(
+                "location.type {v} is not DEVICE (1) or HOST (0) for physical memory"
+            ))),
+        }
+    }
+}
+
+/// `aclrtMemGranularityOptions`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GranularityOption {
+    /// `ACL_RT_MEM_ALLOC_GRANULARITY_MINIMUM` (0).
+    Minimum,
+    /// `ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED` (1).
+    Recommended,
+}
+
+impl GranularityOption {
+    /// From the ACL value.
+    ///
+    /// Errors: `UnsupportedEnumeration` (107000) for anything but 0 and 1.
+    pub fn from_raw(v: u32) -> Result<GranularityOption> {
+        match v {
+            0 => Ok(GranularityOption::Minimum),
+            1 => Ok(GranularityOption::Recommended),
+            _ => Err(Error::UnsupportedEnumeration(format!(
+                "option {v:#x} is not ACL_RT_MEM_ALLOC_GRANULARITY_MINIMUM (0) or RECOMMENDED (1)"
+            ))),
+        }
+    }
+}
+
+/// `aclrtMemExportFlag` bits: `ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION` (0x1).
+pub const ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION: u64 = 0x1;

@@ -19,6 +19,29 @@ static void *toucher(void *arg) {
     return NULL;
 }
 
+/* aclrtFree of managed memory with stream work still queued on it: the free waits for the
+   work, which runs on live memory, so the synchronize after the free returns 0. Four threads,
+   each with its own stream, so the work is often still queued when the free comes. */
+static void *free_with_queued_work(void *arg) {
+    (void)arg;
+    OK(aclrtSetDevice(0));
+    aclrtStream s = NULL;
+    OK(aclrtCreateStream(&s));
+    aclrtMemManagedLocation dev0 = {ACL_MEM_LOCATIONTYPE_DEVICE, 0};
+    aclrtMemManagedLocation host = {ACL_MEM_LOCATIONTYPE_HOST, 0};
+    for (int round = 0; round < 8; round++) {
+        void *p = NULL;
+        OK(aclrtMemAllocManaged(&p, 4 * MIB, ACL_RT_MEM_ATTACH_GLOBAL));
+        OK(aclrtMemManagedPrefetchAsync(p, 4 * MIB, dev0, 0, s));
+        OK(aclrtMemsetAsync(p, 4 * MIB, 0x5a, 4 * MIB, s));
+        OK(aclrtMemManagedPrefetchAsync(p, 4 * MIB, host, 0, s));
+        OK(aclrtFree(p));
+        OK(aclrtSynchronizeStream(s));
+    }
+    OK(aclrtDestroyStream(s));
+    return NULL;
+}
+
 int main(void) {
     OK(aclInit(NULL));
     OK(aclrtSetDevice(0));
@@ -85,7 +108,14 @@ int main(void) {
     OK(aclrtFreePhysical(ph));
     OK(aclrtReleaseMemAddress(va));
 
-    OK(aclrtFree(m));
+    pthread_t fw[4];
+    for (int i = 0; i < 4; i++) CHECK(pthread_create(&fw[i], NULL, free_with_queued_work, NULL) == 0);
+    for (int i = 0; i < 4; i++) CHECK(pthread_join(fw[i], NULL) == 0);
+
+    OK(aclrtMemsetAsync(m, N, 0x11, N, s0));
+    OK(aclrtFree(m)); /* waits for the fill queued on it */
+    OK(aclrtSynchronizeStream(s0));
+    EXPECT_CODE(aclrtMemsetAsync(m, N, 0x11, N, s0), ACL_ERROR_RT_PARAM_INVALID);
     EXPECT_CODE(aclrtFree(m), ACL_ERROR_RT_PARAM_INVALID);
     OK(aclrtFree(d));
     OK(aclrtDestroyStream(s0));

@@ -164,6 +164,22 @@ static void argument_errors(void *va, aclrtDrvMemHandle a) {
     MSG_HAS("alignment 0x3");
     EXPECT_CODE(aclrtReserveMemAddress(NULL, gran, 0, NULL, 0), ACL_ERROR_INVALID_PARAM);
     CHECK(p == (void *)0x77);
+    /* Sizes follow the reported granularity: 64 KiB (a hetmem page size, below it) is refused
+       by reserve, physical memory and map alike, naming the granularity. */
+    EXPECT_CODE(aclrtReserveMemAddress(&p, 64 * 1024, 0, NULL, 0), ACL_ERROR_RT_PARAM_INVALID);
+    MSG_HAS("granularity");
+    EXPECT_CODE(aclrtMallocPhysical(&h, 64 * 1024, &prop, 0), ACL_ERROR_RT_PARAM_INVALID);
+    MSG_HAS("granularity");
+    EXPECT_CODE(aclrtMapMem(va, 64 * 1024, 0, a, 0), ACL_ERROR_RT_PARAM_INVALID);
+    MSG_HAS("granularity");
+    CHECK(p == (void *)0x77 && h == (aclrtDrvMemHandle)0x77);
+    /* Size 0 is ACL_ERROR_INVALID_PARAM for all three (one rule). */
+    EXPECT_CODE(aclrtMapMem(va, 0, 0, a, 0), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("size is 0");
+    EXPECT_CODE(aclrtReserveMemAddress(&p, 0, 0, NULL, 0), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("size is 0");
+    EXPECT_CODE(aclrtMallocPhysical(&h, 0, &prop, 0), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("size is 0");
     /* Map: flags, alignment, size, overlap, bad handle. va is mapped (both pages). */
     EXPECT_CODE(aclrtMapMem(va, gran, 0, a, 1), ACL_ERROR_INVALID_PARAM);
     EXPECT_CODE(aclrtMapMem(va, gran, 0, a, 0), ACL_ERROR_RT_PARAM_INVALID); /* overlaps */

@@ -40,11 +40,14 @@ impl Stream {
         self.queue.device().ordinal()
     }
 
-    fn enqueue(&self, f: impl FnOnce(&Core) -> Result<()> + Send + 'static) {
+    /// Queues `f`; `hold` (the managed allocations it references) is released once it has run.
+    fn enqueue(&self, hold: QueuedHold, f: impl FnOnce(&Core) -> Result<()> + Send + 'static) {
         let core = self.core.clone();
         let err = self.error.clone();
         self.queue.submit_host(Box::new(move || {
-            if let Err(e) = f(&core) {
+            let r = f(&core);
+            drop(hold);
+            if let Err(e) = r {
                 err.lock().get_or_insert(e);
             }
         }));
@@ -53,8 +56,9 @@ impl Stream {
     /// Waits for everything submitted before (`aclrtSynchronizeStream`).
     ///
     /// Errors: the first error of the work since the last synchronize (e.g. `OutOfDeviceMemory`
-    /// when a device full of non-managed memory could not take a page, or `AddressNotFound` for
-    /// memory freed before its work ran); the stream stays usable.
+    /// when a device full of non-managed memory could not take a page); the stream stays
+    /// usable. Managed memory is never freed under queued work ([`Context::free_managed`]
+    /// waits for it).
     pub fn synchronize(&self) -> Result<()> {
         self.queue.synchronize(u64::MAX)?;
         match self.error.lock().take() {
@@ -79,8 +83,8 @@ impl Stream {
         if dst == 0 || src == 0 {
             return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
         }
-        let (dm, sm) = {
-            let st = self.core.state.lock();
+        let (dm, sm, hold) = {
+            let mut st = self.core.state.lock();
             let dm = self.core.find(&st, dst).is_some();
             let sm = self.core.find(&st, src).is_some();
             if !dm && !sm {
@@ -99,7 +103,13 @@ impl Stream {
             if sm {
                 self.core.check_range(&st, src, count)?;
             }
-            (dm, sm)
+            let managed: Vec<usize> = [(dst, dm), (src, sm)]
+                .iter()
+                .filter(|&&(_, m)| m)
+                .map(|&(a, _)| a)
+                .collect();
+            let hold = QueuedHold::take(&self.core, &mut st, &managed);
+            (dm, sm, hold)
         };
         // The plain side (at most one), held in flight until the copy has run.
         let held = match (dm, sm) {
@@ -108,7 +118,7 @@ impl Stream {
             _ => None,
         };
         let d = self.dev();
-        self.enqueue(move |c| {
+        self.enqueue(hold, move |c| {
             let r = c.device_copy(d, (dst, dm), (src, sm), count);
             drop(held);
             r
@@ -127,9 +137,13 @@ impl Stream {
         if ptr == 0 {
             return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
         }
-        self.core.check_range(&self.core.state.lock(), ptr, count)?;
+        let hold = {
+            let mut st = self.core.state.lock();
+            self.core.check_range(&st, ptr, count)?;
+            QueuedHold::take(&self.core, &mut st, &[ptr])
+        };
         let d = self.dev();
-        self.enqueue(move |c| {
+        self.enqueue(hold, move |c| {
             let o = [DevOperand {
                 addr: ptr,
                 write: true,
@@ -168,8 +182,8 @@ impl Stream {
         buffers: &[(usize, usize, bool)],
         work: impl FnOnce(&[DeviceBuffer]) + Send + 'static,
     ) -> Result<()> {
-        {
-            let st = self.core.state.lock();
+        let hold = {
+            let mut st = self.core.state.lock();
             for &(p, l, _) in buffers {
                 if p == 0 {
                     return Err(Error::Acl(
@@ -179,10 +193,12 @@ impl Stream {
                 }
                 self.core.check_range(&st, p, l)?;
             }
-        }
+            let addrs: Vec<usize> = buffers.iter().map(|&(p, _, _)| p).collect();
+            QueuedHold::take(&self.core, &mut st, &addrs)
+        };
         let d = self.dev();
         let bufs = buffers.to_vec();
-        self.enqueue(move |c| {
+        self.enqueue(hold, move |c| {
             let mut st = c.state.lock();
             let want: Vec<(usize, usize, Option<u32>, bool)> =
                 bufs.iter().map(|&(p, l, w)| (p, l, Some(d), w)).collect();
@@ -294,8 +310,10 @@ impl Context {
     }
 
     /// Frees managed memory (`aclrtFree`): `ptr` must be the base of a live managed allocation
-    /// of this context. Its pages leave every device at once. Stream work queued on it and not
-    /// yet run reports `AddressNotFound` at synchronize.
+    /// of this context. Stream work queued on it first runs (prefetches, copies, fills and
+    /// launched work queued before the free on any stream: the free waits for them, with no
+    /// lock held meanwhile, so their synchronize succeeds); then its pages leave every device.
+    /// Work queued on it afterwards is refused when queued (107000).
     ///
     /// Errors (nothing freed): `ACL_ERROR_INVALID_PARAM` (100000); `ACL_ERROR_RT_PARAM_INVALID` (107000) for any
     /// other pointer (interior, unknown, freed, another context's); `UnsupportedFeature`
@@ -318,8 +336,29 @@ impl Context {
                 ))
             }
         };
-        // Work running on the allocation finishes first (its pages are pinned).
-        core.wait_pins(&mut st, &[(ptr, size, None, false)])?;
+        // Stream work queued on the allocation runs first (the state lock is released while
+        // waiting), then work running on it finishes (its pages are pinned).
+        loop {
+            if st.queued.contains_key(&ptr) {
+                core.unpinned.wait(&mut st);
+                match st.allocs.get(&ptr) {
+                    Some(a) if a.ctx == self.id() && a.range.size == size => continue,
+                    _ => {
+                        return Err(Error::Acl(
+                            AclCode::RtParamInvalid,
+                            format!(
+                                "{} was freed by another thread while this free waited",
+                                Addr(ptr)
+                            ),
+                        ))
+                    }
+                }
+            }
+            core.wait_pins(&mut st, &[(ptr, size, None, false)])?;
+            if !st.queued.contains_key(&ptr) {
+                break;
+            }
+        }
         core.free_locked(&mut st, ptr);
         Ok(())
     }
@@ -749,8 +788,8 @@ impl Context {
     /// stream of another driver. At run time (reported by [`Stream::synchronize`]):
     /// `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001) if the device cannot take a single page (full of memory
     /// that is not an evictable managed page): nothing moves, `LAST_PREFETCH_LOCATION` keeps
-    /// the request (it records requests, not completion); `AddressNotFound` if the memory was
-    /// freed before the prefetch ran.
+    /// the request (it records requests, not completion). A free of the memory waits until the
+    /// prefetch has run.
     ///
     /// `ptr` and `size` in bytes, both multiples of 2 MiB ([`MANAGED_PAGE_SIZE`]). A prefetch
     /// larger than the device leaves its last pages there (earlier ones are evicted).
@@ -775,16 +814,16 @@ impl Context {
                 "the stream belongs to another driver".into(),
             ));
         }
-        let loc = {
+        let (loc, hold) = {
             let mut st = core.state.lock();
             check_advise_args(core, &st, ptr, size)?;
             let loc = core.resolve(location, "a prefetch")?;
             for a in (ptr..ptr + size).step_by(PAGE) {
                 core.page_mut(&mut st, a).last_prefetch = Some(loc);
             }
-            loc
+            (loc, QueuedHold::take(core, &mut st, &[ptr]))
         };
-        stream.enqueue(move |c| {
+        stream.enqueue(hold, move |c| {
             let mut st = c.state.lock();
             c.wait_pins(&mut st, &[(ptr, size, loc.device(), false)])?;
             match loc.device() {

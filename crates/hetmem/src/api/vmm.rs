@@ -53,6 +53,16 @@ impl Context {
         self.d().vm.read().query_page_size(device.ordinal(), size)
     }
 
+    /// The granularity of ACL virtual memory on `device` (`aclrtMemGetAllocationGranularity`,
+    /// MINIMUM and RECOMMENDED alike): the page size for 2 MiB (2 MiB on the host backend).
+    /// Reservations, physical memory and mappings of the ACL calls are multiples of it
+    /// ([`crate::acl::check_vmm_size`]), so the size it reports is the size that is accepted.
+    ///
+    /// Errors: `InvalidNullHandle` for a device of another driver.
+    pub fn acl_granularity(&self, device: &Device) -> Result<usize> {
+        self.query_page_size(device, crate::acl::ACL_VMM_GRANULARITY_BASIS)
+    }
+
     /// Creates a physical memory object of `size` bytes (`zePhysicalMemCreate`) on `device`
     /// (`AllocateOnDevice`, counted against its capacity) or in host memory (`AllocateOnHost`,
     /// device optional).

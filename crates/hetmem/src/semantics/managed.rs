@@ -241,6 +241,55 @@ pub(crate) struct State {
     pub(crate) stats: ManagedStats,
     /// Host faults on pinned pages, waiting for the pin to drop: page -> a write was seen.
     pub(crate) deferred: BTreeMap<usize, bool>,
+    /// Stream operations queued and not yet run, per managed allocation (base -> count; no
+    /// entry for 0): a free of the allocation waits until its count is 0 ([`QueuedHold`]).
+    pub(crate) queued: BTreeMap<usize, usize>,
+}
+
+/// One queued stream operation's hold on the managed allocations it references, taken when
+/// it is queued (under the state lock, with the range checks) and released when it has run
+/// (or is dropped unrun): `Context::free_managed` waits until no hold on its allocation is
+/// left, so work queued before a free runs on live memory.
+#[derive(Debug)]
+pub(crate) struct QueuedHold {
+    core: Arc<Core>,
+    bases: Vec<usize>,
+}
+
+impl QueuedHold {
+    /// Holds the allocations containing `addrs` (each inside a live allocation, checked by the
+    /// caller under the same hold of `st`; duplicates count once).
+    pub(crate) fn take(core: &Arc<Core>, st: &mut State, addrs: &[usize]) -> QueuedHold {
+        let mut bases: Vec<usize> = addrs
+            .iter()
+            .filter_map(|&a| core.find(st, a).map(|(b, _)| b))
+            .collect();
+        bases.sort_unstable();
+        bases.dedup();
+        for &b in &bases {
+            *st.queued.entry(b).or_insert(0) += 1;
+        }
+        QueuedHold {
+            core: core.clone(),
+            bases,
+        }
+    }
+}
+
+impl Drop for QueuedHold {
+    fn drop(&mut self) {
+        let mut st = self.core.state.lock();
+        for b in &self.bases {
+            if let Some(n) = st.queued.get_mut(b) {
+                *n -= 1;
+                if *n == 0 {
+                    st.queued.remove(b);
+                }
+            }
+        }
+        drop(st);
+        self.core.unpinned.notify_all();
+    }
 }
 
 /// The managed-memory core of one driver: state, the platform's operations and the fault sink.
@@ -249,7 +298,8 @@ pub(crate) struct Core {
     pub(crate) ops: Arc<dyn ManagedOps>,
     pub(crate) devmem: Arc<DeviceMemory>,
     pub(crate) state: Mutex<State>,
-    /// Signalled (with `state`) whenever a page's pin count drops.
+    /// Signalled (with `state`) whenever a page's pin count drops or a queued stream
+    /// operation's [`QueuedHold`] is released.
     pub(crate) unpinned: Condvar,
 }
 

@@ -18,7 +18,9 @@
 //! | [`driver`] | the state of one driver (the above, the backend, in-flight references) |
 //! | [`queue`] | in-flight references, command validation, submission, free policies |
 //! | [`ipc`] | the IPC handle format, exports, opens, range handles |
+//! | [`acl`] | ACL argument rules that are no family's state (sizes, counts, flags, properties) |
 
+pub mod acl;
 pub(crate) mod capacity;
 pub(crate) mod driver;
 pub(crate) mod inflight;
