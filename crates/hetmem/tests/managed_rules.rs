@@ -823,9 +823,17 @@ fn work_queued_on_memory_freed_before_it_runs_reports_at_synchronize() {
     })
     .unwrap();
     s.memset_async(a, 1, PAGE).unwrap();
+    // Issue 11 item 3: the free waits for the fill queued on it (it used to run on freed memory
+    // and report 107000 at synchronize); the gate opens from another thread.
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        tx.send(()).unwrap();
+    });
     ctx.free_managed(a).unwrap();
-    tx.send(()).unwrap();
-    assert_eq!(s.synchronize().unwrap_err().acl_error(), 107_000);
+    opener.join().unwrap();
+    s.synchronize().unwrap();
+    // Work queued after the free is refused when queued.
+    assert_eq!(s.memset_async(a, 1, PAGE).unwrap_err().acl_error(), 107_000);
     s.synchronize().unwrap();
 }
 
