@@ -1,8 +1,10 @@
-//! The layering rule of `DESIGN.md`, checked on the source tree: no file above the host
-//! backend's folder (`src/backend/host/`) names the host backend or makes an OS call (`libc`,
-//! `rustix`, `std::fs`), so that a second backend can sit beside it; and the CLI reaches
-//! hetmem through its public API only. `src/backend/mod.rs` is the one place that makes the
-//! host backend (`mod host;`, `host::HostBackend::new`) and forwards the platform facts.
+//! The layering rule of `DESIGN.md`, checked on the source tree: OS calls (`libc`, `rustix`,
+//! `std::fs`) are made only in the platform folders below the backend trait
+//! (`src/backend/host/`, the Linux layer every backend shares `src/backend/linux/`, and
+//! `src/backend/cuda/`); no file outside the host backend's folder names it, so that the cuda
+//! backend sits beside it as an equal; and the CLI reaches hetmem through its public API only.
+//! `src/backend/mod.rs` is the one place that makes the backends (`mod host;`,
+//! `host::HostBackend::new`) and forwards the platform facts.
 
 use std::path::{Path, PathBuf};
 
@@ -45,14 +47,20 @@ fn names_host_backend(l: &str) -> bool {
 }
 
 #[test]
-fn no_file_above_the_host_backend_names_it_or_makes_os_calls() {
+fn only_the_platform_folders_make_os_calls_and_only_the_host_folder_names_the_host_backend() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let host = src.join("backend").join("host");
+    let platform = [
+        host.clone(),
+        src.join("backend").join("linux"),
+        src.join("backend").join("cuda"),
+    ];
     let mut files = Vec::new();
     rust_files(&src, &mut files);
     let above: Vec<PathBuf> = files
-        .into_iter()
-        .filter(|f| !f.starts_with(&host))
+        .iter()
+        .filter(|f| !platform.iter().any(|p| f.starts_with(p)))
+        .cloned()
         .collect();
     assert!(above.len() > 5, "the source tree was not found: {above:?}");
     let dispatch = src.join("backend").join("mod.rs");
@@ -65,6 +73,17 @@ fn no_file_above_the_host_backend_names_it_or_makes_os_calls() {
     assert!(
         hits.is_empty(),
         "host-backend names or OS calls above src/backend/host/:\n{}",
+        hits.join("\n")
+    );
+    // The platform folders beside the host backend never name it either.
+    let beside: Vec<PathBuf> = files
+        .into_iter()
+        .filter(|f| platform[1..].iter().any(|p| f.starts_with(p)))
+        .collect();
+    let hits = offending(&beside, names_host_backend);
+    assert!(
+        hits.is_empty(),
+        "the Linux layer or the cuda backend names the host backend:\n{}",
         hits.join("\n")
     );
 }

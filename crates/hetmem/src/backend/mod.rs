@@ -14,7 +14,9 @@
 mod error;
 mod host;
 pub mod ipc;
+mod linux;
 pub mod managed;
+mod sync;
 
 pub use error::{HalError, Result};
 use ipc::{BrokerAnswer, BrokerHandler, BrokerStats, ShareableIdentity, TransportError};
@@ -51,8 +53,9 @@ pub struct PlatformFacts {
 
 // The platform's facts and helpers, from the one platform this build has (Linux): see each
 // function's docs in `host`.
-pub(crate) use host::{
-    current_numa_node, mapping_count, numa_nodes, open_fd_count, platform_facts, stream_copy,
+pub(crate) use host::stream_copy;
+pub(crate) use linux::{
+    current_numa_node, mapping_count, numa_nodes, open_fd_count, platform_facts,
 };
 
 /// A device as the backend sees it. All sizes in bytes.

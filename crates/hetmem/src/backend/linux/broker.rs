@@ -1,4 +1,4 @@
-//! IPC transport of the host backend: file descriptors over Unix sockets (`SCM_RIGHTS`) and the
+//! IPC transport on Linux (every backend): file descriptors over Unix sockets (`SCM_RIGHTS`) and the
 //! per-process broker that hands them out.
 //!
 //! Nothing here knows the spec: the semantics layer ([`crate::ipc`]) decides what a request
