@@ -105,7 +105,8 @@ impl RuntimeBuilder {
     ///
     /// Errors: `InvalidArgument` for a host backend with 0 devices, 0 bytes of device memory
     /// or a largest single allocation of 0 bytes (the message names the value);
-    /// `Uninitialized` for the cuda backend, which is not part of this build yet.
+    /// `Uninitialized` for the cuda backend where it cannot start (no NVIDIA driver, no GPU,
+    /// no virtual memory management), with the reason.
     pub fn build(mut self) -> Result<Runtime> {
         if self.backend == BackendKind::Host {
             if self.host.devices == 0 {
@@ -141,12 +142,14 @@ impl RuntimeBuilder {
                 ),
                 BackendConfig::Host(self.host),
             ),
-            BackendKind::Cuda => {
-                return Err(Error::Uninitialized(
-                    "the cuda backend is not part of this build yet; use HETMEM_BACKEND=host"
-                        .into(),
-                ))
-            }
+            BackendKind::Cuda => match crate::backend::create_cuda() {
+                Ok(b) => (b, BackendConfig::Cuda),
+                Err(why) => {
+                    return Err(Error::Uninitialized(format!(
+                        "the cuda backend cannot start on this machine: {why}"
+                    )))
+                }
+            },
         };
         let devmem = Arc::new(DeviceMemory::new(backend.devices()));
         let vm = VmState::new(backend.as_ref(), devmem.clone());

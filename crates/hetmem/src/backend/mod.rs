@@ -11,6 +11,7 @@
 //!
 //! Each method names the CUDA driver call the cuda backend maps it to.
 
+mod cuda;
 mod error;
 mod host;
 pub mod ipc;
@@ -34,6 +35,13 @@ pub(crate) fn create_host(
         device_memory,
         max_alloc_size,
     ))
+}
+
+/// Makes the cuda backend over every GPU the CUDA driver reports. `Err` says why it cannot run
+/// on this machine (no driver library, `cuInit` failing, no device, no virtual memory
+/// management); the runtime reports it as `Uninitialized`.
+pub(crate) fn create_cuda() -> std::result::Result<Box<dyn Backend>, String> {
+    Ok(Box::new(cuda::CudaBackend::new()?))
 }
 
 /// Facts about the machine and the process that the platform layer reads (for defaults, for

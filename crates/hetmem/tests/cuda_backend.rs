@@ -1,0 +1,396 @@
+//! The spec's rules on the cuda backend, on a real GPU: virtual memory (reserve, page size,
+//! physical memory on the device and on the host, map at offsets, unmap pieces, access
+//! attributes), USM allocations, imports of system memory, queues and free policies. Device
+//! memory is checked through the device itself (copies on a queue into host memory), never
+//! through a host pointer, since the host cannot reach it.
+//!
+//! Where no CUDA driver or GPU is present (CI), the runtime must refuse the cuda backend with
+//! `Uninitialized` and the reason; every GPU test then prints a `SKIPPED (cuda)` line with that
+//! reason and passes. On the GPU machine: `../shared/tools/gpu-bins`, then run
+//! `.device-bin/tests/cuda_backend-test` there.
+
+use hetmem::{
+    AccessAttribute, AllocDesc, BackendKind, Context, Error, FreePolicy, MemoryType,
+    PhysicalMemoryFlags, Runtime,
+};
+
+/// The cuda runtime, or `None` after printing why it cannot start here.
+fn cuda(test: &str) -> Option<Runtime> {
+    match Runtime::builder().backend(BackendKind::Cuda).build() {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            assert!(
+                matches!(e, Error::Uninitialized(_)),
+                "the cuda backend failed with something other than Uninitialized: {e:?}"
+            );
+            eprintln!("SKIPPED (cuda) {test}: {}", e.message());
+            None
+        }
+    }
+}
+
+/// Reads `n` bytes at `src` (any memory the device reaches) through a copy on an immediate
+/// command list of device 0 into host USM memory.
+fn read_back(ctx: &Context, rt: &Runtime, src: usize, n: usize) -> Vec<u8> {
+    let dev = rt.driver().device_ref(0).unwrap();
+    let host = ctx.alloc_host(&AllocDesc::new(n)).unwrap();
+    let list = ctx.create_immediate_command_list(dev).unwrap();
+    list.append_memory_copy(host, src, n, None, &[]).unwrap();
+    list.host_synchronize(u64::MAX).unwrap();
+    // SAFETY: host USM memory of n bytes, written by the finished copy.
+    let out = unsafe { std::slice::from_raw_parts(host as *const u8, n) }.to_vec();
+    ctx.free_memory(host).unwrap();
+    out
+}
+
+/// Fills `n` bytes at `dst` with `pattern` on device 0 and waits.
+fn fill(ctx: &Context, rt: &Runtime, dst: usize, pattern: &[u8], n: usize) {
+    let dev = rt.driver().device_ref(0).unwrap();
+    let list = ctx.create_immediate_command_list(dev).unwrap();
+    list.append_memory_fill(dst, pattern, n, None, &[]).unwrap();
+    list.host_synchronize(u64::MAX).unwrap();
+}
+
+#[test]
+fn without_a_driver_the_cuda_backend_is_uninitialized_with_the_reason() {
+    match Runtime::builder().backend(BackendKind::Cuda).build() {
+        Ok(rt) => {
+            // A GPU is here: the backend must describe it.
+            assert_eq!(rt.driver().backend_kind(), BackendKind::Cuda);
+            assert!(
+                rt.driver().describe().contains("CUDA driver API"),
+                "{}",
+                rt.driver().describe()
+            );
+            assert!(!rt.driver().device_list().is_empty());
+        }
+        Err(e) => {
+            assert_eq!(e.ze_result(), 0x7800_0001, "{e:?}");
+            assert!(
+                e.message().contains("cuda backend cannot start"),
+                "{}",
+                e.message()
+            );
+            eprintln!("SKIPPED (cuda): {}", e.message());
+        }
+    }
+}
+
+#[test]
+fn page_size_is_the_driver_granularity_and_reservations_follow_it() {
+    let Some(rt) = cuda("page size") else { return };
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device_ref(0).unwrap();
+    let page = ctx.query_page_size(dev, 1).unwrap();
+    assert!(page.is_power_of_two() && page >= 64 << 10, "{page}");
+    assert_eq!(dev.info().min_page_size, page);
+    // A reservation is aligned to the page size and can be freed.
+    let r = ctx.reserve(None, 4 * page).unwrap();
+    assert_eq!(r.base % page, 0);
+    // Unaligned sizes are refused before the driver is asked.
+    let e = ctx.reserve(None, page + 1).unwrap_err();
+    assert_eq!(
+        e.ze_result(),
+        0x7800_0009, /* UNSUPPORTED_SIZE */
+        "{e}"
+    );
+    ctx.free_reservation(r).unwrap();
+}
+
+#[test]
+fn device_physical_memory_maps_at_offsets_and_holds_what_the_device_writes() {
+    let Some(rt) = cuda("map at offsets") else {
+        return;
+    };
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device_ref(0).unwrap();
+    let page = ctx.query_page_size(dev, 1).unwrap();
+    let r = ctx.reserve(None, 8 * page).unwrap();
+    let phys = ctx
+        .create_physical_memory(Some(dev), PhysicalMemoryFlags::AllocateOnDevice, 4 * page)
+        .unwrap();
+    // Pages 1..3 of the object at the start of the reservation (a non-zero offset, which the
+    // driver's own cuMemMap refuses), and page 0 of it at page 5.
+    ctx.map(r.base, 3 * page, phys, page, AccessAttribute::ReadWrite)
+        .unwrap();
+    ctx.map(r.base + 5 * page, page, phys, 0, AccessAttribute::ReadWrite)
+        .unwrap();
+    fill(&ctx, &rt, r.base, &[0xA1], 3 * page);
+    fill(
+        &ctx,
+        &rt,
+        r.base + 5 * page,
+        &[1, 2, 3, 4, 5, 6, 7, 8],
+        page,
+    );
+    let got = read_back(&ctx, &rt, r.base + page - 4, 8);
+    assert_eq!(got, [0xA1; 8]);
+    let got = read_back(&ctx, &rt, r.base + 5 * page + 6, 4);
+    assert_eq!(got, [7, 8, 1, 2]);
+    // Unmapping the middle page of the first mapping leaves its neighbours mapped and intact.
+    ctx.unmap(r.base + page, page).unwrap();
+    assert_eq!(read_back(&ctx, &rt, r.base, 4), [0xA1; 4]);
+    assert_eq!(read_back(&ctx, &rt, r.base + 2 * page, 4), [0xA1; 4]);
+    // Mapping it again at the same object offset sees the bytes written before (same memory).
+    ctx.map(
+        r.base + page,
+        page,
+        phys,
+        2 * page,
+        AccessAttribute::ReadWrite,
+    )
+    .unwrap();
+    assert_eq!(read_back(&ctx, &rt, r.base + page, 4), [0xA1; 4]);
+    // A page mapped twice through two addresses is one page of memory.
+    fill(&ctx, &rt, r.base + 2 * page, &[0x5C], 16);
+    ctx.map(
+        r.base + 6 * page,
+        page,
+        phys,
+        3 * page,
+        AccessAttribute::ReadWrite,
+    )
+    .unwrap();
+    assert_eq!(read_back(&ctx, &rt, r.base + 6 * page, 4), [0x5C; 4]);
+    for (s, n) in [(0, 3), (5, 2)] {
+        ctx.unmap(r.base + s * page, n * page).unwrap();
+    }
+    ctx.destroy_physical_memory(phys).unwrap();
+    ctx.free_reservation(r).unwrap();
+}
+
+#[test]
+fn access_attributes_are_recorded_per_page_and_set_by_the_driver() {
+    let Some(rt) = cuda("access attributes") else {
+        return;
+    };
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device_ref(0).unwrap();
+    let page = ctx.query_page_size(dev, 1).unwrap();
+    let r = ctx.reserve(None, 4 * page).unwrap();
+    let phys = ctx
+        .create_physical_memory(Some(dev), PhysicalMemoryFlags::AllocateOnDevice, 4 * page)
+        .unwrap();
+    ctx.map(r.base, 4 * page, phys, 0, AccessAttribute::ReadWrite)
+        .unwrap();
+    ctx.set_access_attribute(r.base + page, page, AccessAttribute::ReadOnly)
+        .unwrap();
+    ctx.set_access_attribute(r.base + 2 * page, page, AccessAttribute::None)
+        .unwrap();
+    assert_eq!(
+        ctx.get_access_attribute(r.base, page).unwrap(),
+        (AccessAttribute::ReadWrite, page)
+    );
+    assert_eq!(
+        ctx.get_access_attribute(r.base + page, 3 * page).unwrap(),
+        (AccessAttribute::ReadOnly, page)
+    );
+    assert_eq!(
+        ctx.get_access_attribute(r.base + 2 * page, page).unwrap(),
+        (AccessAttribute::None, page)
+    );
+    // The read-only page is still readable by the device; read-write again, writable.
+    assert_eq!(read_back(&ctx, &rt, r.base + page, 4).len(), 4);
+    ctx.set_access_attribute(r.base, 4 * page, AccessAttribute::ReadWrite)
+        .unwrap();
+    fill(&ctx, &rt, r.base + 2 * page, &[9], 8);
+    assert_eq!(read_back(&ctx, &rt, r.base + 2 * page, 8), [9; 8]);
+    // A reserved range only partly mapped takes the attribute on its mapped pages (the
+    // driver is asked only for those), as on every backend.
+    ctx.unmap(r.base + 3 * page, page).unwrap();
+    ctx.set_access_attribute(r.base + 2 * page, 2 * page, AccessAttribute::ReadOnly)
+        .unwrap();
+    assert_eq!(
+        ctx.get_access_attribute(r.base + 2 * page, page).unwrap().0,
+        AccessAttribute::ReadOnly
+    );
+    assert_eq!(read_back(&ctx, &rt, r.base + 2 * page, 8), [9; 8]);
+    // Unaligned sizes are refused and change nothing.
+    let e = ctx
+        .set_access_attribute(r.base, page / 2, AccessAttribute::None)
+        .unwrap_err();
+    assert!(e.ze_result() >= 0x7800_0000, "{e}");
+    assert_eq!(
+        ctx.get_access_attribute(r.base, page).unwrap().0,
+        AccessAttribute::ReadWrite
+    );
+    ctx.unmap(r.base, 3 * page).unwrap();
+    ctx.destroy_physical_memory(phys).unwrap();
+    ctx.free_reservation(r).unwrap();
+}
+
+#[test]
+fn host_physical_memory_is_reachable_from_the_host_and_the_device() {
+    let Some(rt) = cuda("host physical memory") else {
+        return;
+    };
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device_ref(0).unwrap();
+    let page = ctx.query_page_size(dev, 1).unwrap();
+    let r = ctx.reserve(None, 2 * page).unwrap();
+    let phys = match ctx.create_physical_memory(None, PhysicalMemoryFlags::AllocateOnHost, page) {
+        Ok(p) => p,
+        Err(e) => {
+            // A driver without host physical memory must say so as UNSUPPORTED_FEATURE.
+            assert_eq!(e.ze_result(), 0x7800_0003, "{e}");
+            eprintln!(
+                "NOT APPLICABLE (cuda) host physical memory: {}",
+                e.message()
+            );
+            return;
+        }
+    };
+    ctx.map(r.base, page, phys, 0, AccessAttribute::ReadWrite)
+        .unwrap();
+    // SAFETY: host physical memory mapped read-write for the host too.
+    unsafe { std::ptr::write_bytes(r.base as *mut u8, 0x3E, 64) };
+    assert_eq!(read_back(&ctx, &rt, r.base, 64), [0x3E; 64]);
+    fill(&ctx, &rt, r.base + 64, &[0x44], 64);
+    // SAFETY: as above; the fill has finished.
+    let host = unsafe { std::slice::from_raw_parts((r.base + 64) as *const u8, 64) };
+    assert_eq!(host, [0x44; 64]);
+    ctx.unmap(r.base, page).unwrap();
+    ctx.destroy_physical_memory(phys).unwrap();
+    ctx.free_reservation(r).unwrap();
+}
+
+#[test]
+fn usm_allocations_of_every_kind_answer_their_properties_and_hold_data() {
+    let Some(rt) = cuda("usm") else { return };
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device_ref(0).unwrap();
+    let d = ctx.alloc_device(dev, &AllocDesc::new(3 << 20)).unwrap();
+    let h = ctx.alloc_host(&AllocDesc::new(1 << 20)).unwrap();
+    let s = ctx
+        .alloc_shared(Some(dev), &AllocDesc::new(1 << 20))
+        .unwrap();
+    for (p, t) in [
+        (d, MemoryType::Device),
+        (h, MemoryType::Host),
+        (s, MemoryType::Shared),
+    ] {
+        let props = ctx.get_allocation_properties(p + 100).unwrap();
+        assert_eq!(props.memory_type, t, "{p:#x}");
+        assert_eq!(ctx.get_address_range(p + 100).unwrap().0, p);
+    }
+    // Device memory holds what the device writes; host and shared memory are reachable from
+    // the host as well.
+    fill(&ctx, &rt, d, &[1, 2, 3, 4], 3 << 20);
+    assert_eq!(read_back(&ctx, &rt, d + (3 << 20) - 4, 4), [1, 2, 3, 4]);
+    // SAFETY: host and shared USM memory are host-accessible, 1 MiB each.
+    unsafe {
+        std::ptr::write_bytes(h as *mut u8, 0x11, 1 << 20);
+        std::ptr::write_bytes(s as *mut u8, 0x22, 1 << 20);
+    }
+    let list = ctx.create_immediate_command_list(dev).unwrap();
+    list.append_memory_copy(d, h, 1 << 20, None, &[]).unwrap();
+    list.append_memory_copy(s + 16, d + 8, 8, None, &[])
+        .unwrap();
+    list.host_synchronize(u64::MAX).unwrap();
+    // SAFETY: as above; the copies have finished.
+    let got = unsafe { std::slice::from_raw_parts(s as *const u8, 32) };
+    assert_eq!(&got[..16], [0x22; 16]);
+    assert_eq!(&got[16..24], [0x11; 8]);
+    for p in [d, h, s] {
+        ctx.free_memory(p).unwrap();
+    }
+    // Freed memory is unknown.
+    assert_eq!(
+        ctx.get_allocation_properties(d).unwrap().memory_type,
+        MemoryType::Unknown
+    );
+}
+
+#[test]
+fn imported_system_memory_is_reachable_by_the_device_and_read_only_stays_unchanged() {
+    let Some(rt) = cuda("system memory import") else {
+        return;
+    };
+    let ctx = rt.driver().create_context().unwrap();
+    let n = 4 << 20;
+    let mut buf = vec![0u8; n + 4096];
+    let base = (buf.as_mut_ptr() as usize).next_multiple_of(4096);
+    // SAFETY: inside buf.
+    unsafe { std::ptr::write_bytes(base as *mut u8, 0x6B, n) };
+    let p = ctx.import_system_memory(base, n, false).unwrap();
+    assert_eq!(p, base);
+    assert_eq!(
+        ctx.get_allocation_properties(base).unwrap().memory_type,
+        MemoryType::HostImported
+    );
+    assert_eq!(read_back(&ctx, &rt, base + n - 8, 8), [0x6B; 8]);
+    fill(&ctx, &rt, base, &[0x10], 32);
+    assert_eq!(&buf[base - buf.as_ptr() as usize..][..32], [0x10; 32]);
+    // Importing the same memory twice is refused (it is imported already).
+    assert!(ctx.import_system_memory(base, n, false).is_err());
+    ctx.free_memory(base).unwrap();
+    // After the release it can be imported again, read-only this time.
+    ctx.import_system_memory(base, n, true).unwrap();
+    assert_eq!(read_back(&ctx, &rt, base, 4), [0x10; 4]);
+    ctx.free_memory(base).unwrap();
+}
+
+#[test]
+fn blocking_free_waits_for_queued_gpu_work_that_uses_the_memory() {
+    let Some(rt) = cuda("free policies") else {
+        return;
+    };
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device_ref(0).unwrap();
+    let big = 256 << 20;
+    let src = ctx.alloc_device(dev, &AllocDesc::new(big)).unwrap();
+    let dst = ctx.alloc_device(dev, &AllocDesc::new(big)).unwrap();
+    let q = ctx.create_command_queue(dev).unwrap();
+    let list = ctx.create_command_list(dev).unwrap();
+    let gate = ctx.create_event().unwrap();
+    list.append_wait_on_events(&[&gate]).unwrap();
+    list.append_memory_fill(src, &[0x77], big, None, &[])
+        .unwrap();
+    list.append_memory_copy(dst, src, big, None, &[]).unwrap();
+    list.close().unwrap();
+    q.execute_command_lists(&[&list], None).unwrap();
+    // The work is held by the gate: a blocking free of its memory must wait for it.
+    let opener = {
+        let gate = gate.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            gate.host_signal().unwrap();
+        })
+    };
+    let t = std::time::Instant::now();
+    ctx.free_memory_ext(src, FreePolicy::Blocking).unwrap();
+    assert!(
+        t.elapsed() >= std::time::Duration::from_millis(150),
+        "the blocking free returned before the queued work could run: {:?}",
+        t.elapsed()
+    );
+    opener.join().unwrap();
+    q.synchronize(u64::MAX).unwrap();
+    assert_eq!(read_back(&ctx, &rt, dst + big - 4, 4), [0x77; 4]);
+    ctx.free_memory(dst).unwrap();
+}
+
+#[test]
+fn device_memory_runs_out_cleanly_and_nothing_is_lost() {
+    let Some(rt) = cuda("out of memory") else {
+        return;
+    };
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device_ref(0).unwrap();
+    let cap = dev.info().capacity as usize;
+    let used_before = dev.used_memory();
+    // More than the device has: refused before or by the driver, with nothing kept.
+    let e = ctx
+        .alloc_device(dev, &AllocDesc::new(cap + (2 << 20)))
+        .unwrap_err();
+    assert!(
+        [0x7000_0003, 0x7800_0008, 0x7800_0009].contains(&e.ze_result()),
+        "{e}"
+    );
+    assert_eq!(dev.used_memory(), used_before);
+    // And the device still works.
+    let p = ctx.alloc_device(dev, &AllocDesc::new(2 << 20)).unwrap();
+    fill(&ctx, &rt, p, &[5], 16);
+    assert_eq!(read_back(&ctx, &rt, p, 16), [5; 16]);
+    ctx.free_memory(p).unwrap();
+}
