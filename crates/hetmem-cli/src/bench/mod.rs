@@ -8,6 +8,7 @@
 //! Each group lives in its own submodule and returns its rows.
 
 mod acl;
+mod cuda;
 mod ipc;
 mod kv;
 mod managed;
@@ -23,7 +24,7 @@ use rustix::mm::{MapFlags, ProtFlags};
 /// Arguments of `hetmem bench`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Benchmark group: vmm, usm, ipc, managed, kv, ze, acl.
+    /// Benchmark group: vmm, usm, ipc, managed, kv, ze, acl, cuda (needs an NVIDIA GPU).
     pub group: String,
     /// Write every figure of the group to this JSON file.
     #[arg(long)]
@@ -84,7 +85,7 @@ pub fn json_extra(key: &str, v: f64) {
 }
 
 /// Every benchmark group `run` knows (the error for an unknown one lists them).
-pub const GROUPS: [&str; 7] = ["vmm", "usm", "ipc", "managed", "kv", "ze", "acl"];
+pub const GROUPS: [&str; 8] = ["vmm", "usm", "ipc", "managed", "kv", "ze", "acl", "cuda"];
 
 pub fn run(args: Args) -> Result<(), String> {
     let rows = match args.group.as_str() {
@@ -95,6 +96,7 @@ pub fn run(args: Args) -> Result<(), String> {
         "kv" => kv::bench(&args)?,
         "ze" => ze::bench(&args)?,
         "acl" => acl::bench(&args)?,
+        "cuda" => cuda::bench(&args)?,
         // The importer process of `ipc` (re-executed by it; not a group of its own).
         "ipc-importer" => return ipc::importer().map(|_| ()),
         other => {
