@@ -6,10 +6,18 @@
 //! unmapped pages go back to a per-device free pool, so objects are reused; new ones are created
 //! only when the pool is empty. Every token gets a tag at the start of its slot in every buffer,
 //! checked before its pages are unmapped.
+//!
+//! Where the host can reach device memory (the host backend), tags are written and read in
+//! place; where it cannot (the cuda backend: GPU memory), they go through a host staging
+//! buffer and a copy on an immediate command list of the buffer's device, so every tag is
+//! still written by and checked against the device's memory.
 
 use std::time::Instant;
 
-use hetmem::{AccessAttribute, Context, Device, Error, PhysicalMemory, PhysicalMemoryFlags};
+use hetmem::{
+    AccessAttribute, AllocDesc, BackendKind, CommandList, Context, Device, Error, PhysicalMemory,
+    PhysicalMemoryFlags,
+};
 
 use super::workload::mix64;
 
@@ -127,6 +135,9 @@ pub struct KvCache {
     /// Nanoseconds of every `ctx.map` / `ctx.unmap` call (one page each).
     pub map_ns: Vec<u64>,
     pub unmap_ns: Vec<u64>,
+    /// For device memory the host cannot reach: one immediate command list per device and a
+    /// host USM buffer of one slot (`stride` bytes).
+    staging: Option<(Vec<CommandList>, usize)>,
 }
 
 /// Rounds `v` up to a multiple of `to`, or None on overflow.
@@ -176,7 +187,21 @@ impl KvCache {
             mapped_bytes: 0,
             map_ns: Vec::new(),
             unmap_ns: Vec::new(),
+            staging: None,
         };
+        if cache.ctx.driver().backend_kind() == BackendKind::Cuda {
+            let lists = cache
+                .devices
+                .iter()
+                .map(|d| cache.ctx.create_immediate_command_list(d))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("making the staging command lists: {e}"))?;
+            let buf = cache
+                .ctx
+                .alloc_host(&AllocDesc::new(stride))
+                .map_err(|e| format!("allocating the staging buffer: {e}"))?;
+            cache.staging = Some((lists, buf));
+        }
         for b in 0..nbufs {
             match cache.ctx.reserve(None, buffer_bytes) {
                 Ok(r) => cache.bases.push(r.base),
@@ -294,14 +319,21 @@ impl KvCache {
         let tb = self.layout.tok_bytes;
         for b in 0..self.nbufs() {
             let (layer, kv) = Self::buf_kv(b);
+            let base = self.slot_base(b, seq.slot);
+            if let Some((lists, buf)) = &self.staging {
+                // SAFETY: the staging buffer is host USM memory of `stride` bytes, ours alone.
+                let host = unsafe { std::slice::from_raw_parts_mut(*buf as *mut u8, self.stride) };
+                write_tags(host, tb, seq.request, layer, kv, seq.tokens..tokens);
+                let (from, to) = (seq.tokens as usize * tb, tokens as usize * tb);
+                let list = &lists[self.buf_dev[b]];
+                list.append_memory_copy(base + from, buf + from, to - from, None, &[])?;
+                list.host_synchronize(u64::MAX)?;
+                continue;
+            }
             // SAFETY: the first `need` pages of this slot are mapped read-write (above) and only
             // this sequence uses them; the slice covers `tokens` tokens, inside those pages.
-            let slot = unsafe {
-                std::slice::from_raw_parts_mut(
-                    self.slot_base(b, seq.slot) as *mut u8,
-                    tokens as usize * tb,
-                )
-            };
+            let slot =
+                unsafe { std::slice::from_raw_parts_mut(base as *mut u8, tokens as usize * tb) };
             write_tags(slot, tb, seq.request, layer, kv, seq.tokens..tokens);
         }
         seq.tokens = tokens;
@@ -314,9 +346,28 @@ impl KvCache {
         for b in 0..self.nbufs() {
             let (layer, kv) = Self::buf_kv(b);
             let base = self.slot_base(b, seq.slot);
-            // SAFETY: `seq.tokens` tokens of this slot lie in pages mapped for `seq` (extend).
-            let slot =
-                unsafe { std::slice::from_raw_parts(base as *const u8, seq.tokens as usize * tb) };
+            let n = seq.tokens as usize * tb;
+            let slot: &[u8] = if let Some((lists, buf)) = &self.staging {
+                let list = &lists[self.buf_dev[b]];
+                let copied = list
+                    .append_memory_copy(*buf, base, n, None, &[])
+                    .and_then(|()| list.host_synchronize(u64::MAX).map(|_| ()));
+                if copied.is_err() {
+                    // The device could not be read: report the first token as unreadable.
+                    return Err(BadTag {
+                        addr: base,
+                        request: seq.request,
+                        layer,
+                        kv,
+                        token: 0,
+                    });
+                }
+                // SAFETY: host USM memory of `stride >= n` bytes, written by the finished copy.
+                unsafe { std::slice::from_raw_parts(*buf as *const u8, n) }
+            } else {
+                // SAFETY: `seq.tokens` tokens of this slot lie in pages mapped for `seq` (extend).
+                unsafe { std::slice::from_raw_parts(base as *const u8, n) }
+            };
             if let Err(token) = check_tags(slot, tb, seq.request, layer, kv, seq.tokens) {
                 return Err(BadTag {
                     addr: base + token as usize * tb,
@@ -352,6 +403,12 @@ impl KvCache {
     /// Frees the buffers and destroys every pooled object. Call after every sequence is
     /// released.
     pub fn destroy(&mut self) -> Result<(), String> {
+        if let Some((lists, buf)) = self.staging.take() {
+            drop(lists);
+            self.ctx
+                .free_memory(buf)
+                .map_err(|e| format!("freeing the staging buffer: {e}"))?;
+        }
         let size = self.buffer_bytes;
         for base in self.bases.drain(..) {
             self.ctx
