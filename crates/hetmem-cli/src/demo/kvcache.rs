@@ -135,9 +135,47 @@ pub struct KvCache {
     /// Nanoseconds of every `ctx.map` / `ctx.unmap` call (one page each).
     pub map_ns: Vec<u64>,
     pub unmap_ns: Vec<u64>,
-    /// For device memory the host cannot reach: one immediate command list per device and a
-    /// host USM buffer of one slot (`stride` bytes).
-    staging: Option<(Vec<CommandList>, usize)>,
+    /// For device memory the host cannot reach: the staging ring ([`Staging`]).
+    staging: Option<std::cell::RefCell<Staging>>,
+}
+
+/// Bytes of the host staging ring (at least one slot).
+const STAGING_BYTES: usize = 64 << 20;
+
+/// Host USM memory that tags travel through to and from device memory the host cannot reach,
+/// used as a ring: copies are queued on one immediate command list per device without
+/// waiting, and the ring waits for them all only when it is full (or the host must read).
+struct Staging {
+    lists: Vec<CommandList>,
+    buf: usize,
+    len: usize,
+    used: usize,
+}
+
+impl Staging {
+    /// Waits for every queued copy; the ring starts over.
+    fn sync(&mut self) -> Result<(), Error> {
+        for l in &self.lists {
+            l.host_synchronize(u64::MAX)?;
+        }
+        self.used = 0;
+        Ok(())
+    }
+
+    /// Whether `n` more bytes fit before the ring must start over.
+    fn fits(&self, n: usize) -> bool {
+        self.used + n <= self.len
+    }
+
+    /// `n` bytes of the ring (waiting for the queued copies first if it is full).
+    fn take(&mut self, n: usize) -> Result<usize, Error> {
+        if !self.fits(n) {
+            self.sync()?;
+        }
+        let at = self.buf + self.used;
+        self.used += n;
+        Ok(at)
+    }
 }
 
 /// Rounds `v` up to a multiple of `to`, or None on overflow.
@@ -146,8 +184,20 @@ fn round_up(v: usize, to: usize) -> Option<usize> {
 }
 
 impl KvCache {
-    /// Reserves the buffers. `devices` get the layers in equal contiguous shares.
+    /// Reserves the buffers. `devices` get the layers in equal contiguous shares. Tags go
+    /// through a staging ring on the cuda backend (see the module docs), in place elsewhere.
     pub fn new(ctx: Context, devices: Vec<Device>, layout: Layout) -> Result<KvCache, String> {
+        let staged = ctx.driver().backend_kind() == BackendKind::Cuda;
+        KvCache::new_with(ctx, devices, layout, staged)
+    }
+
+    /// [`KvCache::new`], with tags staged through host memory if `staged`.
+    fn new_with(
+        ctx: Context,
+        devices: Vec<Device>,
+        layout: Layout,
+        staged: bool,
+    ) -> Result<KvCache, String> {
         let overflow = || "the cache's size overflows the address space".to_string();
         let stride = (layout.max_context as usize)
             .checked_mul(layout.tok_bytes)
@@ -189,18 +239,24 @@ impl KvCache {
             unmap_ns: Vec::new(),
             staging: None,
         };
-        if cache.ctx.driver().backend_kind() == BackendKind::Cuda {
+        if staged {
             let lists = cache
                 .devices
                 .iter()
                 .map(|d| cache.ctx.create_immediate_command_list(d))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| format!("making the staging command lists: {e}"))?;
+            let len = STAGING_BYTES.max(stride);
             let buf = cache
                 .ctx
-                .alloc_host(&AllocDesc::new(stride))
+                .alloc_host(&AllocDesc::new(len).relaxed_max_size(true))
                 .map_err(|e| format!("allocating the staging buffer: {e}"))?;
-            cache.staging = Some((lists, buf));
+            cache.staging = Some(std::cell::RefCell::new(Staging {
+                lists,
+                buf,
+                len,
+                used: 0,
+            }));
         }
         for b in 0..nbufs {
             match cache.ctx.reserve(None, buffer_bytes) {
@@ -320,14 +376,24 @@ impl KvCache {
         for b in 0..self.nbufs() {
             let (layer, kv) = Self::buf_kv(b);
             let base = self.slot_base(b, seq.slot);
-            if let Some((lists, buf)) = &self.staging {
-                // SAFETY: the staging buffer is host USM memory of `stride` bytes, ours alone.
-                let host = unsafe { std::slice::from_raw_parts_mut(*buf as *mut u8, self.stride) };
-                write_tags(host, tb, seq.request, layer, kv, seq.tokens..tokens);
+            if let Some(st) = &self.staging {
+                let mut st = st.borrow_mut();
                 let (from, to) = (seq.tokens as usize * tb, tokens as usize * tb);
-                let list = &lists[self.buf_dev[b]];
-                list.append_memory_copy(base + from, buf + from, to - from, None, &[])?;
-                list.host_synchronize(u64::MAX)?;
+                let at = st.take(to - from)?;
+                // SAFETY: `[at, at + to - from)` is a part of the host USM ring that no queued
+                // copy uses (`take` waited for them when it started over).
+                let host = unsafe { std::slice::from_raw_parts_mut(at as *mut u8, to - from) };
+                for t in seq.tokens..tokens {
+                    let o = t as usize * tb - from;
+                    host[o..o + 8].copy_from_slice(&tag(seq.request, t, layer, kv).to_ne_bytes());
+                }
+                st.lists[self.buf_dev[b]].append_memory_copy(
+                    base + from,
+                    at,
+                    to - from,
+                    None,
+                    &[],
+                )?;
                 continue;
             }
             // SAFETY: the first `need` pages of this slot are mapped read-write (above) and only
@@ -343,40 +409,54 @@ impl KvCache {
     /// Checks every tag of `seq` in every buffer. Ok: the number of tags checked.
     pub fn verify(&self, seq: &Seq) -> Result<u64, BadTag> {
         let tb = self.layout.tok_bytes;
+        let n = seq.tokens as usize * tb;
+        let bad = |b: usize, token: u32| {
+            let (layer, kv) = Self::buf_kv(b);
+            BadTag {
+                addr: self.slot_base(b, seq.slot) + token as usize * tb,
+                request: seq.request,
+                layer,
+                kv,
+                token,
+            }
+        };
+        if let Some(st) = &self.staging {
+            // Copy the slots into the ring, and check them whenever the ring is full and at
+            // the end. A device that cannot be read reports its first token as bad.
+            let mut st = st.borrow_mut();
+            let mut queued: Vec<(usize, usize)> = Vec::new();
+            let check = |st: &mut Staging, queued: &mut Vec<(usize, usize)>| {
+                st.sync()
+                    .map_err(|_| bad(queued.first().map_or(0, |q| q.0), 0))?;
+                for (b, at) in queued.drain(..) {
+                    let (layer, kv) = Self::buf_kv(b);
+                    // SAFETY: host USM memory of the ring, written by the finished copy.
+                    let slot = unsafe { std::slice::from_raw_parts(at as *const u8, n) };
+                    check_tags(slot, tb, seq.request, layer, kv, seq.tokens)
+                        .map_err(|t| bad(b, t))?;
+                }
+                Ok(())
+            };
+            // Copies queued by `extend` on the same lists run first (each list is in order).
+            for b in 0..self.nbufs() {
+                if !st.fits(n) {
+                    check(&mut st, &mut queued)?;
+                }
+                let at = st.take(n).map_err(|_| bad(b, 0))?;
+                st.lists[self.buf_dev[b]]
+                    .append_memory_copy(at, self.slot_base(b, seq.slot), n, None, &[])
+                    .map_err(|_| bad(b, 0))?;
+                queued.push((b, at));
+            }
+            check(&mut st, &mut queued)?;
+            return Ok(seq.tokens as u64 * self.nbufs() as u64);
+        }
         for b in 0..self.nbufs() {
             let (layer, kv) = Self::buf_kv(b);
             let base = self.slot_base(b, seq.slot);
-            let n = seq.tokens as usize * tb;
-            let slot: &[u8] = if let Some((lists, buf)) = &self.staging {
-                let list = &lists[self.buf_dev[b]];
-                let copied = list
-                    .append_memory_copy(*buf, base, n, None, &[])
-                    .and_then(|()| list.host_synchronize(u64::MAX).map(|_| ()));
-                if copied.is_err() {
-                    // The device could not be read: report the first token as unreadable.
-                    return Err(BadTag {
-                        addr: base,
-                        request: seq.request,
-                        layer,
-                        kv,
-                        token: 0,
-                    });
-                }
-                // SAFETY: host USM memory of `stride >= n` bytes, written by the finished copy.
-                unsafe { std::slice::from_raw_parts(*buf as *const u8, n) }
-            } else {
-                // SAFETY: `seq.tokens` tokens of this slot lie in pages mapped for `seq` (extend).
-                unsafe { std::slice::from_raw_parts(base as *const u8, n) }
-            };
-            if let Err(token) = check_tags(slot, tb, seq.request, layer, kv, seq.tokens) {
-                return Err(BadTag {
-                    addr: base + token as usize * tb,
-                    request: seq.request,
-                    layer,
-                    kv,
-                    token,
-                });
-            }
+            // SAFETY: `seq.tokens` tokens of this slot lie in pages mapped for `seq` (extend).
+            let slot = unsafe { std::slice::from_raw_parts(base as *const u8, n) };
+            check_tags(slot, tb, seq.request, layer, kv, seq.tokens).map_err(|t| bad(b, t))?;
         }
         Ok(seq.tokens as u64 * self.nbufs() as u64)
     }
@@ -403,8 +483,12 @@ impl KvCache {
     /// Frees the buffers and destroys every pooled object. Call after every sequence is
     /// released.
     pub fn destroy(&mut self) -> Result<(), String> {
-        if let Some((lists, buf)) = self.staging.take() {
-            drop(lists);
+        if let Some(st) = self.staging.take() {
+            let mut st = st.into_inner();
+            st.sync()
+                .map_err(|e| format!("waiting for the staging copies: {e}"))?;
+            let buf = st.buf;
+            drop(st);
             self.ctx
                 .free_memory(buf)
                 .map_err(|e| format!("freeing the staging buffer: {e}"))?;
@@ -457,6 +541,15 @@ mod tests {
 
     #[test]
     fn cache_maps_grows_verifies_and_reuses_pooled_objects() {
+        for staged in [false, true] {
+            cache_round_trip(staged);
+        }
+    }
+
+    /// In place, or through the staging ring and device copies as on the cuda backend (whose
+    /// memory the host cannot reach; the host backend's can be corrupted from here to check
+    /// that staged verification reads the device's bytes).
+    fn cache_round_trip(staged: bool) {
         let rt = hetmem::Runtime::builder()
             .host_devices(2)
             .host_device_memory(64 << 20)
@@ -472,7 +565,7 @@ mod tests {
             max_context: 256,
             page,
         };
-        let mut c = KvCache::new(ctx, devs, layout).unwrap();
+        let mut c = KvCache::new_with(ctx, devs, layout, staged).unwrap();
         let mut s = c.seq(5, 1);
         c.extend(&mut s, 40).unwrap();
         c.extend(&mut s, 41).unwrap();
