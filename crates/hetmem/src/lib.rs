@@ -22,16 +22,21 @@
 //!             `backend::ipc`): raw operations, minimal validation, failures as the backend's
 //!             own `HalError`, converted to the spec `Error` in one place (error.rs). Each
 //!             method's docs name the CUDA driver call a GPU backend makes.
-//! backend/host/  the host backend, the only place that makes syscalls (rustix, one wrapper per
-//!             call, man pages named): mmap / memfd / mprotect, userfaultfd residency, worker
-//!             threads as engines, the SCM_RIGHTS broker.
+//! backend/host/  the host backend (rustix, one wrapper per call, man pages named): mmap /
+//!             memfd / mprotect, userfaultfd residency, worker threads as engines.
+//! backend/cuda/  the cuda backend (the CUDA driver API through cudarc, loaded at run time, one
+//!             wrapper per driver call): cuMemAddressReserve / cuMemCreate / cuMemMap /
+//!             cuMemSetAccess, cuMemHostAlloc / cuMemAllocManaged / cuMemHostRegister, streams.
+//! backend/linux/ what both backends share on Linux: machine facts, NUMA, /proc/self/maps,
+//!             errno translation, the SCM_RIGHTS broker. These three folders are the only
+//!             places that make OS or driver calls.
 //! ```
 //!
 //! Why this cut: it is wgpu's (`wgpu` / `wgpu-core` / `wgpu-hal`). The semantics layer must give
 //! the same answer to the same call on every backend and through every front (Rust, Level Zero
 //! C, ACL C), so it is the one place that validates and tracks resources; a backend that chose a
 //! code, or a front that checked an argument, would let two fronts disagree. The backend trait is
-//! shaped by what both Linux and the CUDA driver can do, so a `cuda/` folder beside `host/`
+//! shaped by what both Linux and the CUDA driver can do, so the `cuda/` folder beside `host/`
 //! implements it without touching anything above. `tests/layering.rs` checks the direction.
 //!
 //! ```
