@@ -124,6 +124,41 @@ fn bench_vmm_json_writes_every_ratio_finite_and_positive_including_2mib_map_unma
     }
 }
 
+/// `bench cuda` measures every cuda-backend operation against the bare driver calls; without
+/// a GPU it fails at once, saying why, with nothing written.
+#[test]
+fn bench_cuda_writes_ratios_on_a_gpu_and_says_why_not_elsewhere() {
+    let dir = std::env::temp_dir().join(format!("hetmem-bench-cuda-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("cuda.json");
+    let j = json.to_str().unwrap();
+    let (o, out, err) = hetmem(
+        &[
+            "bench", "cuda", "--iters", "8", "--rounds", "1", "--json", j,
+        ],
+        &[],
+    );
+    if !o.status.success() {
+        assert_eq!(o.status.code(), Some(1), "{out}\n{err}");
+        assert!(err.contains("the cuda backend cannot start"), "{err}");
+        assert!(!json.exists(), "a JSON file was written for a failed run");
+        eprintln!("SKIPPED (cuda) bench cuda: {}", err.trim());
+    } else {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        for k in [
+            "map_2mib_ratio",
+            "unmap_2mib_ratio",
+            "set_access_2mib_ratio",
+            "copy_d2d_1g_ratio",
+        ] {
+            let r = v[k].as_f64().unwrap_or_else(|| panic!("no {k} in {v}"));
+            assert!(r.is_finite() && r > 0.0, "{k} = {r}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bench_unknown_group_fails_listing_every_group() {
     let (o, out, err) = hetmem(&["bench", "nosuch"], &[]);
@@ -138,7 +173,7 @@ fn bench_unknown_group_fails_listing_every_group() {
     groups.sort_unstable();
     assert_eq!(
         groups,
-        ["acl", "ipc", "kv", "managed", "usm", "vmm", "ze"],
+        ["acl", "cuda", "ipc", "kv", "managed", "usm", "vmm", "ze"],
         "{err}"
     );
 }
