@@ -2,13 +2,12 @@
 //! where the rules live) and the calls, as methods of [`crate::Context`] and [`crate::Driver`].
 
 use parking_lot::Mutex;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 pub use crate::api::platform::{current_numa_node, numa_nodes};
 use crate::api::queue::CommandQueue;
 use crate::api::runtime::{Context, Device, Driver};
-use crate::backend::managed::{DeviceOperand, PageView, ResidencyAdvice};
+use crate::backend::managed::DeviceOperand;
 use crate::error::{AclCode, Addr, Error, Result};
 pub use crate::semantics::managed::*;
 
@@ -172,7 +171,7 @@ impl Stream {
     /// next to the pages other running work has pinned there. `work` stands for a device
     /// kernel: it must reach managed memory only through the buffers it is given.
     ///
-    /// While `work` runs (see "Pinning" in the module docs): host faults and other managed
+    /// While `work` runs (the host backend's pins): host faults and other managed
     /// calls on other pages proceed; a host access to one of its pages waits until `work`
     /// returns (the fault thread keeps serving other faults); prefetches, advice, frees and
     /// device operations that would move its pages wait too, while other work that needs its
@@ -245,58 +244,8 @@ impl Context {
     /// `ACL_ERROR_RT_FEATURE_NOT_SUPPORT` (207000) where the platform cannot migrate on faults (the message
     /// says why).
     pub fn alloc_managed(&self, size: u64, flag: u32) -> Result<usize> {
-        if flag != ACL_RT_MEM_ATTACH_GLOBAL {
-            return Err(Error::Acl(
-                AclCode::InvalidParam,
-                format!("flag {flag:#x} is not ACL_RT_MEM_ATTACH_GLOBAL (0x1)"),
-            ));
-        }
-        if size == 0 {
-            return Err(Error::Acl(
-                AclCode::InvalidParam,
-                "managed allocation of size 0".into(),
-            ));
-        }
-        if size > MAX_MANAGED_PER_PROCESS {
-            return Err(Error::Acl(
-                AclCode::RtParamInvalid,
-                format!(
-                    "size {size:#x} exceeds the 3 TiB of managed memory a process may allocate"
-                ),
-            ));
-        }
-        let rounded = size.div_ceil(PAGE as u64) * PAGE as u64;
-        let core = self.managed()?;
-        PROCESS_MANAGED
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
-                u.checked_add(rounded)
-                    .filter(|&n| n <= MAX_MANAGED_PER_PROCESS)
-            })
-            .map_err(|u| {
-                Error::Acl(
-                    AclCode::RtMemoryAllocation,
-                    format!(
-                    "the process holds {u:#x} bytes of managed memory; {rounded:#x} more would \
-                     pass the 3 TiB limit"
-                ),
-                )
-            })?;
-        let base = match core.res.allocate(rounded as usize, PAGE) {
-            Ok(b) => b,
-            Err(e) => {
-                PROCESS_MANAGED.fetch_sub(rounded, Ordering::AcqRel);
-                return Err(e.into());
-            }
-        };
-        core.state.lock().allocs.insert(
-            base,
-            Alloc {
-                size: rounded as usize,
-                ctx: self.id(),
-                pages: vec![PageAdvice::default(); rounded as usize / PAGE],
-            },
-        );
-        Ok(base)
+        let rounded = check_alloc_args(size, flag)?;
+        self.managed()?.allocate(self.id(), rounded)
     }
 
     /// Frees managed memory (`aclrtFree`): `ptr` must be the base of a live managed allocation
@@ -312,44 +261,7 @@ impl Context {
         if ptr == 0 {
             return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
         }
-        let core = self.managed()?;
-        let mut st = core.state.lock();
-        let size = match st.allocs.get(&ptr) {
-            Some(a) if a.ctx == self.id() => a.size,
-            _ => {
-                return Err(Error::Acl(
-                    AclCode::RtParamInvalid,
-                    format!(
-                        "{} is not the base of a managed allocation of this context",
-                        Addr(ptr)
-                    ),
-                ))
-            }
-        };
-        // Stream work queued on the allocation runs first (the state lock is released while
-        // waiting).
-        while st.queued.contains_key(&ptr) {
-            core.released.wait(&mut st);
-            match st.allocs.get(&ptr) {
-                Some(a) if a.ctx == self.id() && a.size == size => {}
-                _ => {
-                    return Err(Error::Acl(
-                        AclCode::RtParamInvalid,
-                        format!(
-                            "{} was freed by another thread while this free waited",
-                            Addr(ptr)
-                        ),
-                    ))
-                }
-            }
-        }
-        // Out of the table: no more work can be queued on it. Then the backend frees it, once
-        // work running on it has finished (its pages are pinned there).
-        core.forget(&mut st, ptr);
-        drop(st);
-        // SAFETY: `ptr` was the base of a live allocation, now out of the table.
-        unsafe { core.res.free(ptr) };
-        Ok(())
+        self.managed()?.free(self.id(), ptr)
     }
 
     /// Whether the byte at `ptr` is inside a live managed allocation of this driver (any
@@ -582,98 +494,7 @@ impl Context {
         advice: Advice,
         location: Location,
     ) -> Result<()> {
-        let core = self.managed()?;
-        {
-            let st = core.state.lock();
-            check_advise_args(core, &st, ptr, size)?;
-        }
-        // The location, then the backend's part: it waits for work using the range, lets the
-        // preferred-location rule below refuse, decides device room, and moves pages. Advice
-        // is recorded here only once it has succeeded: a refused call changes nothing.
-        let (radv, loc) = match advice {
-            Advice::SetReadMostly => (ResidencyAdvice::SetReadMostly, None),
-            Advice::UnsetReadMostly => {
-                let loc = match location {
-                    Location::Invalid => Loc::Host,
-                    l => core.resolve(l, "UNSET_READ_MOSTLY")?,
-                };
-                (ResidencyAdvice::UnsetReadMostly(loc.place()), Some(loc))
-            }
-            Advice::SetPreferredLocation => {
-                let loc = core.resolve(location, "SET_PREFERRED_LOCATION")?;
-                (
-                    ResidencyAdvice::SetPreferredLocation(loc.place()),
-                    Some(loc),
-                )
-            }
-            Advice::UnsetPreferredLocation => (ResidencyAdvice::UnsetPreferredLocation, None),
-            Advice::SetAccessedBy => {
-                let loc = core.resolve(location, "SET_ACCESSED_BY")?;
-                (ResidencyAdvice::SetAccessedBy(loc.place()), Some(loc))
-            }
-            Advice::UnsetAccessedBy => {
-                let loc = core.resolve(location, "UNSET_ACCESSED_BY")?;
-                (ResidencyAdvice::UnsetAccessedBy(loc.place()), Some(loc))
-            }
-        };
-        // SET_PREFERRED_LOCATION is refused (107000) when a page that is not read-mostly is
-        // mapped elsewhere: on a device for the host, on the host or another device for a
-        // device. Checked on every page before anything moves.
-        let mut check = |pages: &[PageView]| -> std::result::Result<(), String> {
-            let Some(loc) = loc.filter(|_| advice == Advice::SetPreferredLocation) else {
-                return Ok(());
-            };
-            for p in pages.iter().filter(|p| !p.read_mostly) {
-                match loc {
-                    Loc::Host | Loc::Numa(_) => {
-                        if let Some(d) = p.device {
-                            return Err(format!(
-                                "SET_PREFERRED_LOCATION to the host: page {} is mapped on \
-                                 device {d}",
-                                Addr(p.addr)
-                            ));
-                        }
-                    }
-                    Loc::Device(d) => {
-                        if p.host {
-                            return Err(format!(
-                                "SET_PREFERRED_LOCATION to device {d}: page {} is mapped on \
-                                 the host",
-                                Addr(p.addr)
-                            ));
-                        }
-                        if let Some(e) = p.device.filter(|&e| e != d) {
-                            return Err(format!(
-                                "SET_PREFERRED_LOCATION to device {d}: page {} is mapped on \
-                                 device {e}",
-                                Addr(p.addr)
-                            ));
-                        }
-                    }
-                }
-            }
-            Ok(())
-        };
-        core.res
-            .advise(ptr, size, radv, &mut check)
-            .map_err(residency_error)?;
-        let mut st = core.state.lock();
-        for p in core.advice_mut(&mut st, ptr, size) {
-            match (advice, loc) {
-                (Advice::SetReadMostly, _) => p.read_mostly = true,
-                (Advice::UnsetReadMostly, _) => p.read_mostly = false,
-                (Advice::SetPreferredLocation, l) => p.preferred = l,
-                (Advice::UnsetPreferredLocation, _) => p.preferred = None,
-                (Advice::SetAccessedBy, Some(l)) => {
-                    p.accessed_by.insert(l);
-                }
-                (Advice::UnsetAccessedBy, Some(l)) => {
-                    p.accessed_by.remove(&l);
-                }
-                _ => {}
-            }
-        }
-        Ok(())
+        self.managed()?.advise(ptr, size, advice, location)
     }
 
     /// Prefetches `[ptr, ptr+size)` to `location` in order on `stream`

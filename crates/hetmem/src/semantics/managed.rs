@@ -54,12 +54,14 @@
 //! records advice only once its pages have moved.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::backend::managed::{DeviceRoom, ManagedResidency, Place, ResidencyError};
+use crate::backend::managed::{
+    DeviceRoom, ManagedResidency, PageView, Place, ResidencyAdvice, ResidencyError,
+};
 pub use crate::backend::managed::{ManagedDeviceStats, ManagedStats, Residency};
 use crate::semantics::capacity::DeviceMemory;
 
@@ -361,10 +363,194 @@ impl Core {
         &mut a.pages[i0..i1]
     }
 
+    /// Allocates `rounded` bytes (checked and rounded by [`check_alloc_args`]) of managed
+    /// memory for context `ctx`: the 3 TiB process limit, then the backend's range, then the
+    /// record.
+    pub(crate) fn allocate(&self, ctx: u64, rounded: u64) -> Result<usize> {
+        PROCESS_MANAGED
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(rounded)
+                    .filter(|&n| n <= MAX_MANAGED_PER_PROCESS)
+            })
+            .map_err(|u| {
+                Error::Acl(
+                    AclCode::RtMemoryAllocation,
+                    format!(
+                    "the process holds {u:#x} bytes of managed memory; {rounded:#x} more would \
+                     pass the 3 TiB limit"
+                ),
+                )
+            })?;
+        let base = match self.res.allocate(rounded as usize, PAGE) {
+            Ok(b) => b,
+            Err(e) => {
+                PROCESS_MANAGED.fetch_sub(rounded, Ordering::AcqRel);
+                return Err(e.into());
+            }
+        };
+        self.state.lock().allocs.insert(
+            base,
+            Alloc {
+                size: rounded as usize,
+                ctx,
+                pages: vec![PageAdvice::default(); rounded as usize / PAGE],
+            },
+        );
+        Ok(base)
+    }
+
+    /// `aclrtMemManagedAdvise` once the driver has managed memory (see
+    /// [`Context::mem_advise`](crate::Context::mem_advise)): the argument checks, the location,
+    /// the preferred-location rule (as the backend's `check`), then the backend's part, then
+    /// the advice record.
+    pub(crate) fn advise(
+        &self,
+        ptr: usize,
+        size: usize,
+        advice: Advice,
+        location: Location,
+    ) -> Result<()> {
+        {
+            let st = self.state.lock();
+            check_advise_args(self, &st, ptr, size)?;
+        }
+        // The location, then the backend's part: it waits for work using the range, lets the
+        // preferred-location rule below refuse, decides device room, and moves pages. Advice
+        // is recorded here only once it has succeeded: a refused call changes nothing.
+        let (radv, loc) = match advice {
+            Advice::SetReadMostly => (ResidencyAdvice::SetReadMostly, None),
+            Advice::UnsetReadMostly => {
+                let loc = match location {
+                    Location::Invalid => Loc::Host,
+                    l => self.resolve(l, "UNSET_READ_MOSTLY")?,
+                };
+                (ResidencyAdvice::UnsetReadMostly(loc.place()), Some(loc))
+            }
+            Advice::SetPreferredLocation => {
+                let loc = self.resolve(location, "SET_PREFERRED_LOCATION")?;
+                (
+                    ResidencyAdvice::SetPreferredLocation(loc.place()),
+                    Some(loc),
+                )
+            }
+            Advice::UnsetPreferredLocation => (ResidencyAdvice::UnsetPreferredLocation, None),
+            Advice::SetAccessedBy => {
+                let loc = self.resolve(location, "SET_ACCESSED_BY")?;
+                (ResidencyAdvice::SetAccessedBy(loc.place()), Some(loc))
+            }
+            Advice::UnsetAccessedBy => {
+                let loc = self.resolve(location, "UNSET_ACCESSED_BY")?;
+                (ResidencyAdvice::UnsetAccessedBy(loc.place()), Some(loc))
+            }
+        };
+        // SET_PREFERRED_LOCATION is refused (107000) when a page that is not read-mostly is
+        // mapped elsewhere: on a device for the host, on the host or another device for a
+        // device. Checked on every page before anything moves.
+        let mut check = |pages: &[PageView]| -> std::result::Result<(), String> {
+            let Some(loc) = loc.filter(|_| advice == Advice::SetPreferredLocation) else {
+                return Ok(());
+            };
+            for p in pages.iter().filter(|p| !p.read_mostly) {
+                match loc {
+                    Loc::Host | Loc::Numa(_) => {
+                        if let Some(d) = p.device {
+                            return Err(format!(
+                                "SET_PREFERRED_LOCATION to the host: page {} is mapped on \
+                                 device {d}",
+                                Addr(p.addr)
+                            ));
+                        }
+                    }
+                    Loc::Device(d) => {
+                        if p.host {
+                            return Err(format!(
+                                "SET_PREFERRED_LOCATION to device {d}: page {} is mapped on \
+                                 the host",
+                                Addr(p.addr)
+                            ));
+                        }
+                        if let Some(e) = p.device.filter(|&e| e != d) {
+                            return Err(format!(
+                                "SET_PREFERRED_LOCATION to device {d}: page {} is mapped on \
+                                 device {e}",
+                                Addr(p.addr)
+                            ));
+                        }
+                    }
+                }
+            }
+            Ok(())
+        };
+        self.res
+            .advise(ptr, size, radv, &mut check)
+            .map_err(residency_error)?;
+        let mut st = self.state.lock();
+        for p in self.advice_mut(&mut st, ptr, size) {
+            match (advice, loc) {
+                (Advice::SetReadMostly, _) => p.read_mostly = true,
+                (Advice::UnsetReadMostly, _) => p.read_mostly = false,
+                (Advice::SetPreferredLocation, l) => p.preferred = l,
+                (Advice::UnsetPreferredLocation, _) => p.preferred = None,
+                (Advice::SetAccessedBy, Some(l)) => {
+                    p.accessed_by.insert(l);
+                }
+                (Advice::UnsetAccessedBy, Some(l)) => {
+                    p.accessed_by.remove(&l);
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// `aclrtFree` of managed memory of context `ctx` (see
+    /// [`Context::free_managed`](crate::Context::free_managed)): `ptr` must be the base of a
+    /// live allocation of `ctx`; stream work queued on it runs first, then the backend frees
+    /// it once work running on it has finished.
+    pub(crate) fn free(&self, ctx: u64, ptr: usize) -> Result<()> {
+        let mut st = self.state.lock();
+        let size = match st.allocs.get(&ptr) {
+            Some(a) if a.ctx == ctx => a.size,
+            _ => {
+                return Err(Error::Acl(
+                    AclCode::RtParamInvalid,
+                    format!(
+                        "{} is not the base of a managed allocation of this context",
+                        Addr(ptr)
+                    ),
+                ))
+            }
+        };
+        // Stream work queued on the allocation runs first (the state lock is released while
+        // waiting).
+        while st.queued.contains_key(&ptr) {
+            self.released.wait(&mut st);
+            match st.allocs.get(&ptr) {
+                Some(a) if a.ctx == ctx && a.size == size => {}
+                _ => {
+                    return Err(Error::Acl(
+                        AclCode::RtParamInvalid,
+                        format!(
+                            "{} was freed by another thread while this free waited",
+                            Addr(ptr)
+                        ),
+                    ))
+                }
+            }
+        }
+        // Out of the table: no more work can be queued on it. Then the backend frees it, once
+        // work running on it has finished (its pages are pinned there).
+        self.forget(&mut st, ptr);
+        drop(st);
+        // SAFETY: `ptr` was the base of a live allocation, now out of the table.
+        unsafe { self.res.free(ptr) };
+        Ok(())
+    }
+
     /// Takes allocation `base` out of the table (its memory stays until the backend frees it).
     pub(crate) fn forget(&self, st: &mut State, base: usize) {
         if let Some(a) = st.allocs.remove(&base) {
-            PROCESS_MANAGED.fetch_sub(a.size as u64, std::sync::atomic::Ordering::AcqRel);
+            PROCESS_MANAGED.fetch_sub(a.size as u64, Ordering::AcqRel);
         }
     }
 
@@ -426,6 +612,30 @@ impl Core {
             Location::HostNumaCurrent => Ok(Loc::Numa(self.res.current_numa_node())),
         }
     }
+}
+
+/// The argument checks of `aclrtMemAllocManaged`, in the spec's order (flag, size 0, size over
+/// 3 TiB), and the 2 MiB rounding: the size to allocate.
+pub(crate) fn check_alloc_args(size: u64, flag: u32) -> Result<u64> {
+    if flag != ACL_RT_MEM_ATTACH_GLOBAL {
+        return Err(Error::Acl(
+            AclCode::InvalidParam,
+            format!("flag {flag:#x} is not ACL_RT_MEM_ATTACH_GLOBAL (0x1)"),
+        ));
+    }
+    if size == 0 {
+        return Err(Error::Acl(
+            AclCode::InvalidParam,
+            "managed allocation of size 0".into(),
+        ));
+    }
+    if size > MAX_MANAGED_PER_PROCESS {
+        return Err(Error::Acl(
+            AclCode::RtParamInvalid,
+            format!("size {size:#x} exceeds the 3 TiB of managed memory a process may allocate"),
+        ));
+    }
+    Ok(size.div_ceil(PAGE as u64) * PAGE as u64)
 }
 
 /// Checks `[ptr, ptr+len)` is mapped in this process, readable (and writable if `write`)
