@@ -10,6 +10,14 @@
 //!   [`crate::HalError::Unexpected`] with a message naming the limit or the failing call.
 //!
 //! Each method names the CUDA driver call the cuda backend maps it to.
+//!
+//! Three traits make a backend: [`Backend`] (virtual and physical memory, USM, engines,
+//! events, protection, the IPC transport), [`ipc`]'s transport types, and
+//! [`managed::ManagedResidency`], managed memory at the level a unified-memory driver offers
+//! (`cuMemAllocManaged`, `cuMemPrefetchAsync`, `cuMemAdvise`, `cuMemcpyAsync` /
+//! `cuMemsetD8Async` on managed memory). The ACL rules of managed memory, its advice records
+//! and the range attributes stay above, in the semantics layer; where pages live and how they
+//! move is the backend's (on the host backend a residency engine over `userfaultfd(2)`).
 
 mod error;
 mod host;
