@@ -16,14 +16,20 @@
 //!             (what a C ABI turns descriptors and pNext chains into)
 //! semantics/  every rule of the specs, once: validation, the choice of each error code, all
 //!             bookkeeping (ranges, mappings, access, capacity, in-flight work, free policies,
-//!             the IPC handle format, managed advice / attributes / residency). No OS call, no
-//!             backend named; its modules import each other without a cycle.
-//! backend/    the trait a platform implements (`backend::Backend`, `backend::managed`,
-//!             `backend::ipc`): raw operations, minimal validation, failures as the backend's
-//!             own `HalError`, converted to the spec `Error` in one place (error.rs). Each
-//!             method's docs name the CUDA driver call a GPU backend makes.
+//!             the IPC handle format, managed advice records and the range attributes, the
+//!             stream holds a managed free waits for). No OS call, no backend named; its
+//!             modules import each other without a cycle.
+//! backend/    the trait a platform implements (`backend::Backend`, `backend::ipc`, and
+//!             `backend::managed::ManagedResidency`, managed residency at the level of a
+//!             unified-memory driver: allocate, free, prefetch, advise, prepare / release for
+//!             device work, device and host copies and fills): raw operations, minimal
+//!             validation, failures as the backend's own `HalError` (`ResidencyError`),
+//!             converted to the spec `Error` in one place each. Each method's docs name the
+//!             CUDA driver call a GPU backend makes.
 //! backend/host/  the host backend (rustix, one wrapper per call, man pages named): mmap /
-//!             memfd / mprotect, userfaultfd residency, worker threads as engines.
+//!             memfd / mprotect, worker threads as engines, and a software UVM driver for
+//!             managed memory (the residency engine of `residency.rs`: pages, device slots, LRU
+//!             eviction, pins, host faults, over the userfaultfd wrappers of `managed.rs`).
 //! backend/cuda/  the cuda backend (the CUDA driver API through cudarc, loaded at run time, one
 //!             wrapper per driver call): cuMemAddressReserve / cuMemCreate / cuMemMap /
 //!             cuMemSetAccess, cuMemHostAlloc / cuMemAllocManaged / cuMemHostRegister, streams.

@@ -1,13 +1,13 @@
 //! The public module of this family: its types (from the semantics module of the same name,
 //! where the rules live) and the calls, as methods of [`crate::Context`] and [`crate::Driver`].
 
-use parking_lot::{Mutex, MutexGuard};
-use std::sync::atomic::Ordering;
+use parking_lot::Mutex;
 use std::sync::Arc;
 
 pub use crate::api::platform::{current_numa_node, numa_nodes};
 use crate::api::queue::CommandQueue;
 use crate::api::runtime::{Context, Device, Driver};
+use crate::backend::managed::DeviceOperand;
 use crate::error::{AclCode, Addr, Error, Result};
 pub use crate::semantics::managed::*;
 
@@ -119,9 +119,20 @@ impl Stream {
         };
         let d = self.dev();
         self.enqueue(hold, move |c| {
-            let r = c.device_copy(d, (dst, dm), (src, sm), count);
+            let r = c.res.device_copy(
+                d,
+                DeviceOperand {
+                    addr: dst,
+                    managed: dm,
+                },
+                DeviceOperand {
+                    addr: src,
+                    managed: sm,
+                },
+                count,
+            );
             drop(held);
-            r
+            r.map_err(residency_error)
         });
         Ok(())
     }
@@ -144,15 +155,9 @@ impl Stream {
         };
         let d = self.dev();
         self.enqueue(hold, move |c| {
-            let o = [DevOperand {
-                addr: ptr,
-                write: true,
-                managed: true,
-            }];
-            c.device_op(d, &o, count, false, |a, _, n| {
-                // SAFETY: the mirror segment is mapped on `d` and its page pinned there.
-                unsafe { std::ptr::write_bytes(a[0] as *mut u8, value, n) }
-            })
+            c.res
+                .device_fill(d, ptr, value, count)
+                .map_err(residency_error)
         });
         Ok(())
     }
@@ -166,7 +171,7 @@ impl Stream {
     /// next to the pages other running work has pinned there. `work` stands for a device
     /// kernel: it must reach managed memory only through the buffers it is given.
     ///
-    /// While `work` runs (see "Pinning" in the module docs): host faults and other managed
+    /// While `work` runs (the host backend's pins): host faults and other managed
     /// calls on other pages proceed; a host access to one of its pages waits until `work`
     /// returns (the fault thread keeps serving other faults); prefetches, advice, frees and
     /// device operations that would move its pages wait too, while other work that needs its
@@ -199,30 +204,19 @@ impl Stream {
         let d = self.dev();
         let bufs = buffers.to_vec();
         self.enqueue(hold, move |c| {
-            let mut st = c.state.lock();
-            let want: Vec<(usize, usize, Option<u32>, bool)> =
-                bufs.iter().map(|&(p, l, w)| (p, l, Some(d), w)).collect();
-            c.wait_pins(&mut st, &want)?;
-            let mut keep: Vec<usize> = bufs.iter().flat_map(|&(p, l, _)| pages_of(p, l)).collect();
-            keep.sort_unstable();
-            keep.dedup();
-            for &(p, l, w) in &bufs {
-                for a in pages_of(p, l) {
-                    c.ensure_device(&mut st, a, d, w, &keep)?;
-                }
-            }
+            // Every page migrates to the device and stays there (pinned) while `work` runs,
+            // with no lock held.
+            let addrs = c.res.prepare(d, &bufs).map_err(residency_error)?;
             let dev: Vec<DeviceBuffer> = bufs
                 .iter()
-                .map(|&(p, l, _)| DeviceBuffer {
-                    ptr: c.mirror(&st, p, d) as *mut u8,
+                .zip(addrs)
+                .map(|(&(_, l, _), a)| DeviceBuffer {
+                    ptr: a as *mut u8,
                     len: l,
                 })
                 .collect();
-            c.pin(&mut st, &keep);
-            let r = MutexGuard::unlocked(&mut st, || {
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || work(&dev)))
-            });
-            c.unpin(&mut st, &keep);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || work(&dev)));
+            c.res.release(&bufs);
             r.map_err(|_| {
                 Error::Acl(
                     AclCode::RtDrvInternalError,
@@ -250,63 +244,8 @@ impl Context {
     /// `ACL_ERROR_RT_FEATURE_NOT_SUPPORT` (207000) where the platform cannot migrate on faults (the message
     /// says why).
     pub fn alloc_managed(&self, size: u64, flag: u32) -> Result<usize> {
-        if flag != ACL_RT_MEM_ATTACH_GLOBAL {
-            return Err(Error::Acl(
-                AclCode::InvalidParam,
-                format!("flag {flag:#x} is not ACL_RT_MEM_ATTACH_GLOBAL (0x1)"),
-            ));
-        }
-        if size == 0 {
-            return Err(Error::Acl(
-                AclCode::InvalidParam,
-                "managed allocation of size 0".into(),
-            ));
-        }
-        if size > MAX_MANAGED_PER_PROCESS {
-            return Err(Error::Acl(
-                AclCode::RtParamInvalid,
-                format!(
-                    "size {size:#x} exceeds the 3 TiB of managed memory a process may allocate"
-                ),
-            ));
-        }
-        let rounded = size.div_ceil(PAGE as u64) * PAGE as u64;
-        let core = self.managed()?;
-        PROCESS_MANAGED
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
-                u.checked_add(rounded)
-                    .filter(|&n| n <= MAX_MANAGED_PER_PROCESS)
-            })
-            .map_err(|u| {
-                Error::Acl(
-                    AclCode::RtMemoryAllocation,
-                    format!(
-                    "the process holds {u:#x} bytes of managed memory; {rounded:#x} more would \
-                     pass the 3 TiB limit"
-                ),
-                )
-            })?;
-        let range = match core.ops.reserve(rounded as usize, PAGE) {
-            Ok(r) => r,
-            Err(e) => {
-                PROCESS_MANAGED.fetch_sub(rounded, Ordering::AcqRel);
-                return Err(e.into());
-            }
-        };
-        let base = range.host;
-        let n = core.devmem.len();
-        let mut st = core.state.lock();
-        st.stats.allocations += 1;
-        st.stats.bytes += rounded;
-        st.allocs.insert(
-            base,
-            Alloc {
-                pages: vec![Page::new(n); rounded as usize / PAGE],
-                range,
-                ctx: self.id(),
-            },
-        );
-        Ok(base)
+        let rounded = check_alloc_args(size, flag)?;
+        self.managed()?.allocate(self.id(), rounded)
     }
 
     /// Frees managed memory (`aclrtFree`): `ptr` must be the base of a live managed allocation
@@ -322,45 +261,7 @@ impl Context {
         if ptr == 0 {
             return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
         }
-        let core = self.managed()?;
-        let mut st = core.state.lock();
-        let size = match st.allocs.get(&ptr) {
-            Some(a) if a.ctx == self.id() => a.range.size,
-            _ => {
-                return Err(Error::Acl(
-                    AclCode::RtParamInvalid,
-                    format!(
-                        "{} is not the base of a managed allocation of this context",
-                        Addr(ptr)
-                    ),
-                ))
-            }
-        };
-        // Stream work queued on the allocation runs first (the state lock is released while
-        // waiting), then work running on it finishes (its pages are pinned).
-        loop {
-            if st.queued.contains_key(&ptr) {
-                core.unpinned.wait(&mut st);
-                match st.allocs.get(&ptr) {
-                    Some(a) if a.ctx == self.id() && a.range.size == size => continue,
-                    _ => {
-                        return Err(Error::Acl(
-                            AclCode::RtParamInvalid,
-                            format!(
-                                "{} was freed by another thread while this free waited",
-                                Addr(ptr)
-                            ),
-                        ))
-                    }
-                }
-            }
-            core.wait_pins(&mut st, &[(ptr, size, None, false)])?;
-            if !st.queued.contains_key(&ptr) {
-                break;
-            }
-        }
-        core.free_locked(&mut st, ptr);
-        Ok(())
+        self.managed()?.free(self.id(), ptr)
     }
 
     /// Whether the byte at `ptr` is inside a live managed allocation of this driver (any
@@ -383,10 +284,9 @@ impl Context {
     /// range not inside one managed allocation (or overflowing); `ACL_ERROR_RT_FEATURE_NOT_SUPPORT` (207000)
     /// where managed memory is unavailable.
     pub fn managed_memset(&self, ptr: usize, value: u8, count: usize) -> Result<()> {
-        self.check_host_range(ptr, count)?;
-        // SAFETY: the range is inside a live managed allocation (mapped read-write; absent
-        // pages fault and are migrated by the fault thread). No lock is held here.
-        unsafe { std::ptr::write_bytes(ptr as *mut u8, value, count) };
+        let core = self.check_host_range(ptr, count)?;
+        // SAFETY: the range is inside a live managed allocation. No lock is held here.
+        unsafe { core.res.host_fill(ptr, value, count) };
         Ok(())
     }
 
@@ -444,9 +344,9 @@ impl Context {
                 }
             }
         }
-        // SAFETY: managed sides are inside live managed allocations (absent pages fault and
-        // migrate; no lock is held here); plain sides are mapped with the access needed.
-        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, count) };
+        // SAFETY: managed sides are inside live managed allocations (no lock is held here);
+        // plain sides are mapped with the access needed.
+        unsafe { core.res.host_copy(dst, src, count) };
         Ok(())
     }
 
@@ -535,11 +435,10 @@ impl Context {
     ///
     /// Errors: as [`Context::managed_memset`].
     pub fn managed_write(&self, dst: usize, data: &[u8]) -> Result<()> {
-        self.check_host_range(dst, data.len())?;
-        // SAFETY: the range is inside a live managed allocation; `data` is not inside it
-        // (a slice cannot alias memory we are about to write through a raw pointer safely,
-        // and copy allows overlap anyway).
-        unsafe { std::ptr::copy(data.as_ptr(), dst as *mut u8, data.len()) };
+        let core = self.check_host_range(dst, data.len())?;
+        // SAFETY: the range is inside a live managed allocation; `data` is readable (and copy
+        // allows overlap anyway).
+        unsafe { core.res.host_copy(dst, data.as_ptr() as usize, data.len()) };
         Ok(())
     }
 
@@ -548,19 +447,23 @@ impl Context {
     ///
     /// Errors: as [`Context::managed_memset`].
     pub fn managed_read(&self, src: usize, out: &mut [u8]) -> Result<()> {
-        self.check_host_range(src, out.len())?;
-        // SAFETY: the range is inside a live managed allocation.
-        unsafe { std::ptr::copy(src as *const u8, out.as_mut_ptr(), out.len()) };
+        let core = self.check_host_range(src, out.len())?;
+        // SAFETY: the range is inside a live managed allocation; `out` is writable.
+        unsafe {
+            core.res
+                .host_copy(out.as_mut_ptr() as usize, src, out.len())
+        };
         Ok(())
     }
 
-    fn check_host_range(&self, ptr: usize, count: usize) -> Result<()> {
+    fn check_host_range(&self, ptr: usize, count: usize) -> Result<&Arc<Core>> {
         if ptr == 0 {
             return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
         }
         let core = self.managed()?;
         let st = core.state.lock();
-        core.check_range(&st, ptr, count)
+        core.check_range(&st, ptr, count)?;
+        Ok(core)
     }
 
     /// Applies advice to `[ptr, ptr+size)` (`aclrtMemManagedAdvise`); see [`Advice`] for what
@@ -591,190 +494,7 @@ impl Context {
         advice: Advice,
         location: Location,
     ) -> Result<()> {
-        let core = self.managed()?;
-        let mut st = core.state.lock();
-        check_advise_args(core, &st, ptr, size)?;
-        // Advice may move any page of the range: wait for work using them.
-        core.wait_pins(&mut st, &[(ptr, size, None, false)])?;
-        let pages: Vec<usize> = (ptr..ptr + size).step_by(PAGE).collect();
-        // Every call below first checks everything that can be refused (arguments, the
-        // preferred-location rules, device room), then moves pages, then changes the advice
-        // bookkeeping once every move has succeeded: a refused call changes nothing.
-        match advice {
-            Advice::SetReadMostly => {
-                // The read-only host copies first; if the platform refuses one, the copies
-                // made so far are taken back and the counters restored.
-                let stats = st.stats.clone();
-                let mut done: Vec<(usize, bool)> = Vec::new();
-                for &a in &pages {
-                    let p = core.page(&st, a);
-                    let r = if p.host {
-                        if p.host_ro {
-                            Ok(())
-                        } else {
-                            // SAFETY: present page of ours.
-                            unsafe { core.ops.host_protect(a, PAGE, true) }
-                                .map(|()| {
-                                    core.page_mut(&mut st, a).host_ro = true;
-                                    done.push((a, false));
-                                })
-                                .map_err(Error::from)
-                        }
-                    } else {
-                        core.install_host_from(&mut st, a, p.on_device(), true)
-                            .map(|()| done.push((a, true)))
-                    };
-                    if let Err(e) = r {
-                        core.undo_read_only_copies(&mut st, &done);
-                        st.stats = stats;
-                        return Err(e);
-                    }
-                }
-                for &a in &pages {
-                    core.page_mut(&mut st, a).read_mostly = true;
-                }
-            }
-            Advice::UnsetReadMostly => {
-                let loc = match location {
-                    Location::Invalid => Loc::Host,
-                    l => core.resolve(l, "UNSET_READ_MOSTLY")?,
-                };
-                let todo: Vec<usize> = pages
-                    .iter()
-                    .copied()
-                    .filter(|&a| {
-                        let p = core.page_ref(&st, a);
-                        p.read_mostly && p.copies() > 0
-                    })
-                    .collect();
-                if let Loc::Device(d) = loc {
-                    core.check_room_one_by_one(&st, d, &todo, "UNSET_READ_MOSTLY")?;
-                }
-                for &a in &todo {
-                    core.ensure_at(&mut st, a, loc, true)?;
-                }
-                for &a in &pages {
-                    core.page_mut(&mut st, a).read_mostly = false;
-                }
-            }
-            Advice::SetPreferredLocation => {
-                let loc = core.resolve(location, "SET_PREFERRED_LOCATION")?;
-                // Validate every page first: a refused call changes nothing.
-                for &a in &pages {
-                    let p = core.page_ref(&st, a);
-                    if p.read_mostly {
-                        continue;
-                    }
-                    match loc {
-                        Loc::Host | Loc::Numa(_) => {
-                            if let Some(d) = p.on_device() {
-                                return Err(Error::Acl(
-                                    AclCode::RtParamInvalid,
-                                    format!(
-                                        "SET_PREFERRED_LOCATION to the host: page {} is mapped on \
-                                     device {d}",
-                                        Addr(a)
-                                    ),
-                                ));
-                            }
-                        }
-                        Loc::Device(d) => {
-                            if p.host {
-                                return Err(Error::Acl(
-                                    AclCode::RtParamInvalid,
-                                    format!(
-                                    "SET_PREFERRED_LOCATION to device {d}: page {} is mapped on \
-                                     the host",
-                                    Addr(a)
-                                ),
-                                ));
-                            }
-                            if let Some(e) = p.on_device().filter(|&e| e != d) {
-                                return Err(Error::Acl(
-                                    AclCode::RtParamInvalid,
-                                    format!(
-                                    "SET_PREFERRED_LOCATION to device {d}: page {} is mapped on \
-                                     device {e}",
-                                    Addr(a)
-                                ),
-                                ));
-                            }
-                        }
-                    }
-                }
-                if let Loc::Device(d) = loc {
-                    // Every page of the range ends up on the device at once (none of them can be
-                    // evicted for another): the pages not there yet must fit in the device's
-                    // free capacity plus the managed pages of other ranges it may evict.
-                    let di = d as usize;
-                    let need = pages
-                        .iter()
-                        .filter(|&&a| core.page_ref(&st, a).slots[di].is_none())
-                        .count() as u64;
-                    let room = core.room_pages(&st, d, ptr..ptr + size);
-                    if need > room {
-                        return Err(Error::Acl(
-                            AclCode::RtMemoryAllocation,
-                            format!(
-                            "SET_PREFERRED_LOCATION to device {d}: {need} pages of the range are \
-                             not on the device and it has room for {room} (its other memory, USM \
-                             allocations and pages in use by running work, stays)"
-                        ),
-                        ));
-                    }
-                }
-                for &a in &pages {
-                    let rm = core.page_ref(&st, a).read_mostly;
-                    match loc {
-                        Loc::Host | Loc::Numa(_) if !rm => {
-                            core.ensure_host(&mut st, a, false)?;
-                        }
-                        Loc::Device(d) => {
-                            core.ensure_device(&mut st, a, d, false, &pages)?;
-                        }
-                        _ => {}
-                    }
-                }
-                for &a in &pages {
-                    core.page_mut(&mut st, a).preferred = Some(loc);
-                }
-            }
-            Advice::UnsetPreferredLocation => {
-                for &a in &pages {
-                    core.page_mut(&mut st, a).preferred = None;
-                }
-            }
-            Advice::SetAccessedBy => {
-                let loc = core.resolve(location, "SET_ACCESSED_BY")?;
-                let place = |l: Loc| l.device();
-                // Pages preferring the same place are populated (mapped) there at once.
-                let todo: Vec<usize> = pages
-                    .iter()
-                    .copied()
-                    .filter(|&a| {
-                        core.page_ref(&st, a)
-                            .preferred
-                            .is_some_and(|pl| place(pl) == place(loc))
-                    })
-                    .collect();
-                if let Loc::Device(d) = loc {
-                    core.check_room_one_by_one(&st, d, &todo, "SET_ACCESSED_BY")?;
-                }
-                for &a in &todo {
-                    core.ensure_at(&mut st, a, loc, false)?;
-                }
-                for &a in &pages {
-                    core.page_mut(&mut st, a).accessed_by.insert(loc);
-                }
-            }
-            Advice::UnsetAccessedBy => {
-                let loc = core.resolve(location, "UNSET_ACCESSED_BY")?;
-                for &a in &pages {
-                    core.page_mut(&mut st, a).accessed_by.remove(&loc);
-                }
-            }
-        }
-        Ok(())
+        self.managed()?.advise(ptr, size, advice, location)
     }
 
     /// Prefetches `[ptr, ptr+size)` to `location` in order on `stream`
@@ -818,18 +538,15 @@ impl Context {
             let mut st = core.state.lock();
             check_advise_args(core, &st, ptr, size)?;
             let loc = core.resolve(location, "a prefetch")?;
-            for a in (ptr..ptr + size).step_by(PAGE) {
-                core.page_mut(&mut st, a).last_prefetch = Some(loc);
+            for p in core.advice_mut(&mut st, ptr, size) {
+                p.last_prefetch = Some(loc);
             }
             (loc, QueuedHold::take(core, &mut st, &[ptr]))
         };
         stream.enqueue(hold, move |c| {
-            let mut st = c.state.lock();
-            c.wait_pins(&mut st, &[(ptr, size, loc.device(), false)])?;
-            match loc.device() {
-                None => c.prefetch_to_host(&mut st, ptr, size),
-                Some(d) => c.prefetch_to_device(&mut st, ptr, size, d),
-            }
+            c.res
+                .prefetch(ptr, size, loc.place())
+                .map_err(residency_error)
         });
         Ok(())
     }
@@ -964,66 +681,15 @@ impl Context {
             return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
         }
         let core = self.managed()?;
-        let st = core.state.lock();
-        core.check_range(&st, src, out.len())?;
-        let mut at = 0;
-        while at < out.len() {
-            let a = src + at;
-            let page = a & !(PAGE - 1);
-            let n = (page + PAGE - a).min(out.len() - at);
-            let p = core.page(&st, page);
-            let mut sources: Vec<usize> = Vec::new();
-            if p.host {
-                sources.push(a);
-            }
-            for (d, s) in p.slots.iter().enumerate() {
-                if s.is_some() {
-                    sources.push(core.mirror(&st, a, d as u32));
-                }
-            }
-            let dst = &mut out[at..at + n];
-            match sources.first() {
-                // SAFETY: present host pages and mapped mirror pages do not fault, and cannot
-                // change or go while the lock is held (host writers to a page with other
-                // copies are write-protected).
-                Some(&s0) => unsafe {
-                    std::ptr::copy_nonoverlapping(s0 as *const u8, dst.as_mut_ptr(), n)
-                },
-                None => dst.fill(0),
-            }
-            for &s in sources.iter().skip(1) {
-                // SAFETY: as above.
-                let other = unsafe { std::slice::from_raw_parts(s as *const u8, n) };
-                if other != &*dst {
-                    return Err(Error::Acl(
-                        AclCode::RtDrvInternalError,
-                        format!("the copies of read-mostly page {} differ", Addr(page)),
-                    ));
-                }
-            }
-            at += n;
-        }
-        Ok(())
+        core.check_range(&core.state.lock(), src, out.len())?;
+        core.res.peek(src, out).map_err(residency_error)
     }
 
     /// Where the page holding `ptr` lives now: the host, devices with a copy. For tests and
     /// demos; `None` if `ptr` is not managed or the page has never been touched.
     pub fn managed_residency(&self, ptr: usize) -> Option<Residency> {
         let core = self.driver_shared().managed.existing()?;
-        let st = core.state.lock();
-        core.find(&st, ptr)?;
-        let p = core.page(&st, ptr & !(PAGE - 1));
-        (p.copies() > 0).then(|| Residency {
-            host: p.host,
-            host_read_only: p.host_ro,
-            devices: p
-                .slots
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| s.is_some())
-                .map(|(d, _)| d as u32)
-                .collect(),
-        })
+        core.res.residency(ptr)
     }
 }
 
@@ -1033,7 +699,7 @@ impl Driver {
     /// allocation. Never fails.
     pub fn managed_stats(&self) -> ManagedStats {
         match self.shared.managed.existing() {
-            Some(c) => c.state.lock().stats.clone(),
+            Some(c) => c.res.stats(),
             None => ManagedStats {
                 devices: vec![ManagedDeviceStats::default(); self.shared.backend.devices().len()],
                 ..Default::default()

@@ -10,6 +10,14 @@
 //!   [`crate::HalError::Unexpected`] with a message naming the limit or the failing call.
 //!
 //! Each method names the CUDA driver call the cuda backend maps it to.
+//!
+//! Three traits make a backend: [`Backend`] (virtual and physical memory, USM, engines,
+//! events, protection, the IPC transport), [`ipc`]'s transport types, and
+//! [`managed::ManagedResidency`], managed memory at the level a unified-memory driver offers
+//! (`cuMemAllocManaged`, `cuMemPrefetchAsync`, `cuMemAdvise`, `cuMemcpyAsync` /
+//! `cuMemsetD8Async` on managed memory). The ACL rules of managed memory, its advice records
+//! and the range attributes stay above, in the semantics layer; where pages live and how they
+//! move is the backend's (on the host backend a residency engine over `userfaultfd(2)`).
 
 mod cuda;
 mod error;
@@ -375,13 +383,22 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Every page of the range is mapped.
     unsafe fn protect(&self, addr: usize, size: usize, prot: Protection) -> Result<()>;
 
-    /// The raw managed-memory operations ([`managed::ManagedOps`]), made once per driver on
-    /// first use; `Err` says why this platform cannot provide them (the semantics layer turns
-    /// it into `UnsupportedFeature`).
+    /// The managed-memory residency of this platform ([`managed::ManagedResidency`]), made
+    /// once per driver on the first managed allocation, migrating pages of `page_size` bytes
+    /// and charging device pages to `room` (the semantics layer's device accounting); `Err`
+    /// says why this platform cannot provide it (the semantics layer turns it into
+    /// `ACL_ERROR_RT_FEATURE_NOT_SUPPORT`).
     ///
-    /// CUDA: the device's `CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY`. Host: `userfaultfd(2)` with
-    /// write-protect support ([`host::managed`]).
-    fn managed(&self) -> std::result::Result<std::sync::Arc<dyn managed::ManagedOps>, String> {
+    /// CUDA: the device's `CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY` and
+    /// `CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS` (migration on fault), the driver
+    /// migrating. Host: the residency engine of `host::residency` (a software UVM driver) over
+    /// `userfaultfd(2)` with write-protect support (`host::managed`).
+    fn managed(
+        &self,
+        page_size: usize,
+        room: std::sync::Arc<dyn managed::DeviceRoom>,
+    ) -> std::result::Result<std::sync::Arc<dyn managed::ManagedResidency>, String> {
+        let _ = (page_size, room);
         Err(format!("the {} backend has no managed memory", self.name()))
     }
 

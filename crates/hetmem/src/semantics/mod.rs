@@ -1,9 +1,10 @@
 //! The semantics layer: every rule of the three specs, once. Validation, the choice of each
 //! error code, and all bookkeeping (reservations, mappings, access, physical objects, USM
 //! allocations and imports, capacity, in-flight references of queued work, free policies, the
-//! IPC handle format and its exports / imports, managed-memory advice, attributes and
-//! residency) live here, over the backend trait ([`crate::backend::Backend`]); nothing here
-//! makes an OS call or names a backend.
+//! IPC handle format and its exports / imports, managed-memory advice records and attributes)
+//! live here, over the backend traits ([`crate::backend::Backend`],
+//! [`crate::backend::managed::ManagedResidency`], which decides where managed pages live);
+//! nothing here makes an OS call or names a backend.
 //!
 //! Modules, each importing only those listed before it (no cycle):
 //!
@@ -13,7 +14,7 @@
 //! | [`capacity`] | per-device capacity counters |
 //! | [`vmm`] | reservations, physical memory, mappings, access attributes |
 //! | [`usm`] | host / device / shared allocations, imports of system memory, pending frees |
-//! | [`managed`] | ACL managed memory: advice, prefetch, attributes, residency |
+//! | [`managed`] | ACL managed memory: argument rules, advice records, attributes, stream holds (residency is the backend's) |
 //! | [`inflight`] | in-flight references of queued work and the frees waiting for them |
 //! | [`driver`] | the state of one driver (the above, the backend, in-flight references) |
 //! | [`queue`] | in-flight references, command validation, submission, free policies |

@@ -32,8 +32,8 @@ use rustix::event::{EventfdFlags, PollFd, PollFlags};
 use rustix::fs::FallocateFlags;
 use rustix::mm::{Advice, MapFlags, ProtFlags, UserfaultfdFlags};
 
+use super::managed_ops::{Fault, FaultSink, FaultThread, ManagedOps, ManagedRange};
 use super::{os_error, reserve_placeholder};
-use crate::backend::managed::{Fault, FaultSink, FaultThread, ManagedOps, ManagedRange};
 use crate::backend::DeviceInfo;
 use crate::backend::{HalError, Result};
 

@@ -33,6 +33,8 @@
 
 pub(crate) mod engine;
 pub(crate) mod managed;
+mod managed_ops;
+mod residency;
 
 pub(crate) use managed::stream_copy;
 
@@ -400,9 +402,18 @@ impl Backend for HostBackend {
 
     fn managed(
         &self,
-    ) -> std::result::Result<std::sync::Arc<dyn super::managed::ManagedOps>, String> {
-        Ok(std::sync::Arc::new(managed::HostManaged::new(
-            &self.devices,
+        page_size: usize,
+        room: std::sync::Arc<dyn super::managed::DeviceRoom>,
+    ) -> std::result::Result<std::sync::Arc<dyn super::managed::ManagedResidency>, String> {
+        if page_size != residency::PAGE {
+            return Err(format!(
+                "the host residency engine migrates pages of {:#x} bytes, not {page_size:#x}",
+                residency::PAGE
+            ));
+        }
+        let ops = std::sync::Arc::new(managed::HostManaged::new(&self.devices)?);
+        Ok(std::sync::Arc::new(residency::HostResidency::start(
+            ops, room,
         )?))
     }
 
