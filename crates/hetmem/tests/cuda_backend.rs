@@ -394,3 +394,130 @@ fn device_memory_runs_out_cleanly_and_nothing_is_lost() {
     assert_eq!(read_back(&ctx, &rt, p, 16), [5; 16]);
     ctx.free_memory(p).unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// ACL managed memory on the GPU (cuMemAllocManaged, cuMemAdvise, cuMemPrefetchAsync). The range
+// attributes must answer exactly as on the host backend and as the ACL page says.
+
+#[test]
+fn managed_memory_allocates_in_2mib_moves_on_prefetch_and_answers_every_attribute() {
+    use hetmem::{Advice, Location, RangeAttribute as A};
+    let Some(rt) = cuda("managed memory") else {
+        return;
+    };
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device_ref(0).unwrap();
+    // Size 0 is ACL_ERROR_INVALID_PARAM; 3 MiB rounds to 4 MiB.
+    let e = ctx.alloc_managed(0, 1).unwrap_err();
+    assert_eq!(e.acl_error(), 100000, "{e}");
+    let p = ctx.alloc_managed(3 << 20, 1).unwrap();
+    assert_eq!(p % (2 << 20), 0);
+    let size = 4 << 20;
+    // Fresh: nothing advised.
+    assert_eq!(
+        ctx.managed_attr_i32(A::PreferredLocation, p, size).unwrap(),
+        -2
+    );
+    assert_eq!(
+        ctx.managed_attr_i32(A::PreferredLocationType, p, size)
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        ctx.managed_attr_i32(A::LastPrefetchLocation, p, size)
+            .unwrap(),
+        -2
+    );
+    // Host writes, a prefetch to the device, device work, and a host read back.
+    ctx.managed_memset(p, 0x2A, size).unwrap();
+    let s = ctx.create_stream(dev).unwrap();
+    ctx.mem_prefetch(p, size, Location::Device(0), 0, &s)
+        .unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(
+        ctx.managed_attr_i32(A::LastPrefetchLocation, p, size)
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        ctx.managed_attr_i32(A::LastPrefetchLocationType, p, size)
+            .unwrap(),
+        1
+    );
+    s.memset_async(p + 4096, 0x55, 8192).unwrap();
+    s.synchronize().unwrap();
+    let mut out = vec![0u8; 4];
+    ctx.managed_read(p + 4096 - 2, &mut out).unwrap();
+    assert_eq!(out, [0x2A, 0x2A, 0x55, 0x55]);
+    // A prefetch to the host's NUMA node is answered with the node and its type (the driver
+    // itself would say -1).
+    let node = hetmem::platform::current_numa_node() as i32;
+    ctx.mem_prefetch(p, 2 << 20, Location::HostNuma(node as u32), 0, &s)
+        .unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(
+        ctx.managed_attr_i32(A::LastPrefetchLocationType, p, 2 << 20)
+            .unwrap(),
+        3
+    );
+    assert_eq!(
+        ctx.managed_attr_i32(A::LastPrefetchLocationId, p, 2 << 20)
+            .unwrap(),
+        node
+    );
+    // Advice: read-mostly on half, preferred location device 0 on the other half, accessed by
+    // device 0 over all of it (padded with -2).
+    ctx.mem_advise(p, 2 << 20, Advice::SetReadMostly, Location::Device(0))
+        .unwrap();
+    assert_eq!(ctx.managed_attr_i32(A::ReadMostly, p, 2 << 20).unwrap(), 1);
+    assert_eq!(ctx.managed_attr_i32(A::ReadMostly, p, size).unwrap(), 0);
+    ctx.mem_advise(
+        p + (2 << 20),
+        2 << 20,
+        Advice::SetPreferredLocation,
+        Location::Device(0),
+    )
+    .unwrap();
+    assert_eq!(
+        ctx.managed_attr_i32(A::PreferredLocation, p + (2 << 20), 2 << 20)
+            .unwrap(),
+        0
+    );
+    ctx.mem_advise(p, size, Advice::SetAccessedBy, Location::Device(0))
+        .unwrap();
+    assert_eq!(ctx.managed_accessed_by(p, size, 3).unwrap(), [0, -2, -2]);
+    // Accessed-by must not clear read-mostly (case 8 of shared/cases/managed.md).
+    assert_eq!(ctx.managed_attr_i32(A::ReadMostly, p, 2 << 20).unwrap(), 1);
+    // Bytes survived every move.
+    ctx.managed_read(p + size - 4, &mut out).unwrap();
+    assert_eq!(out, [0x2A; 4]);
+    // A device id past the last is refused with 107000 and changes nothing.
+    let n = rt.driver().device_list().len() as u32;
+    let e = ctx
+        .mem_advise(
+            p,
+            2 << 20,
+            Advice::SetPreferredLocation,
+            Location::Device(n),
+        )
+        .unwrap_err();
+    assert_eq!(e.acl_error(), 107000, "{e}");
+    ctx.free_managed(p).unwrap();
+    assert!(!ctx.is_managed(p));
+}
+
+#[test]
+fn managed_memory_beyond_what_the_gpu_has_free_is_refused_before_the_driver_is_asked() {
+    let Some(rt) = cuda("managed oversubscription") else {
+        return;
+    };
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device_ref(0).unwrap();
+    let too_much = (dev.info().capacity + (2 << 30)).next_multiple_of(2 << 20);
+    let e = ctx.alloc_managed(too_much, 1).unwrap_err();
+    assert_eq!(e.acl_error(), 207001, "{e}");
+    assert!(e.message().contains("free"), "{e}");
+    // Nothing was kept: a small allocation still works.
+    let p = ctx.alloc_managed(2 << 20, 1).unwrap();
+    ctx.free_managed(p).unwrap();
+}

@@ -27,11 +27,12 @@
 //!
 //! # What is not here yet
 //! IPC export and import (`cuMemExportToShareableHandle` gives an fd of `/dev/nvidiactl`, not a
-//! memfd: the handle's identity and size checks need their own design) and managed memory
-//! answer `Unsupported` with a message saying so.
+//! memfd: the handle's identity and size checks need their own design) answer `Unsupported`
+//! with a message saying so. Managed memory: [`managed`].
 
 mod driver;
 mod engine;
+mod managed;
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -69,6 +70,7 @@ enum Alloc {
 }
 
 /// The raw context handles, shared by every thread of the process.
+#[derive(Clone)]
 struct Contexts(Vec<driver::CUcontext>);
 // SAFETY: primary contexts are process-wide objects; the driver accepts them from any thread.
 unsafe impl Send for Contexts {}
@@ -85,6 +87,7 @@ impl std::fmt::Debug for Contexts {
 #[derive(Debug)]
 pub(crate) struct CudaBackend {
     devices: Vec<DeviceInfo>,
+    handles: Vec<driver::CUdevice>,
     contexts: Contexts,
     /// `reach[d]`: the devices that can reach memory of device `d` (itself and its peers).
     reach: Vec<Vec<u32>>,
@@ -136,7 +139,7 @@ impl CudaBackend {
             d.min_page_size = granule;
             d.max_alloc_size = d.capacity;
         }
-        let reach = (0..handles.len())
+        let reach: Vec<Vec<u32>> = (0..handles.len())
             .map(|d| {
                 (0..handles.len())
                     .filter(|&p| p == d || driver::can_access_peer(handles[p], handles[d]))
@@ -160,6 +163,7 @@ impl CudaBackend {
         );
         let b = CudaBackend {
             devices,
+            handles,
             contexts: Contexts(contexts),
             reach,
             granule,
@@ -477,6 +481,19 @@ impl Backend for CudaBackend {
         self.bind(0)?;
         // SAFETY: forwarded contract.
         unsafe { self.set_access_runs(addr, size, prot) }
+    }
+
+    fn managed(
+        &self,
+        page_size: usize,
+        _room: std::sync::Arc<dyn super::managed::DeviceRoom>,
+    ) -> std::result::Result<std::sync::Arc<dyn super::managed::ManagedResidency>, String> {
+        // The driver accounts its own memory (the room is the host backend's concern).
+        Ok(std::sync::Arc::new(managed::CudaManaged::new(
+            self.contexts.clone(),
+            &self.handles,
+            page_size,
+        )?))
     }
 
     fn export_physical(&self, _raw: RawPhysical) -> Result<OwnedFd> {
