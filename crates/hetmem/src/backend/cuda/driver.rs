@@ -47,8 +47,19 @@ pub(crate) fn host_numa_location(node: u32) -> sys::CUmemLocation {
     }
 }
 
-/// The name and number of a driver result (`cuGetErrorName`).
+/// Whether the driver library can be loaded (tried once).
+fn driver_present() -> bool {
+    static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    // SAFETY: only tries to open the library.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+/// The name and number of a driver result (`cuGetErrorName`; the number alone where there is
+/// no driver to ask).
 pub(crate) fn error_name(r: sys::CUresult) -> String {
+    if !driver_present() {
+        return format!("CUDA error {}", r as u32);
+    }
     let mut p: *const std::ffi::c_char = std::ptr::null();
     // SAFETY: cuGetErrorName writes a pointer to a static string or fails.
     let ok = unsafe { sys::cuGetErrorName(r, &mut p) } == sys::CUresult::CUDA_SUCCESS;
@@ -94,8 +105,7 @@ pub(crate) fn check(what: &str, r: sys::CUresult, device_memory: bool) -> Result
 /// (no NVIDIA driver installed), a driver that lacks a function this backend calls, `cuInit`
 /// failing (no GPU, or the kernel module not loaded), or no device.
 pub(crate) fn load() -> Result<(i32, i32), String> {
-    // SAFETY: only tries to open the library.
-    if !unsafe { sys::is_culib_present() } {
+    if !driver_present() {
         return Err(
             "no CUDA driver library (libcuda.so) was found: the NVIDIA driver is not \
              installed on this machine"
@@ -391,4 +401,60 @@ pub(crate) fn host_register(addr: usize, size: usize, read_only: bool) -> Result
 pub(crate) unsafe fn host_unregister(addr: usize) {
     // SAFETY: forwarded contract.
     let _ = unsafe { sys::cuMemHostUnregister(addr as *mut c_void) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sys::CUresult as R;
+
+    /// The one place driver results become backend errors: out of memory names device or host
+    /// memory as the call says, NOT_SUPPORTED is Unsupported, sticky errors are a lost device,
+    /// and every message names the call. (Needs no driver: the codes are plain values.)
+    #[test]
+    fn driver_results_become_backend_errors_naming_the_call() {
+        assert_eq!(check("cuX", R::CUDA_SUCCESS, true), Ok(()));
+        let kind = |r, dev| match check("cuMemCreate", r, dev).unwrap_err() {
+            HalError::OutOfDeviceMemory(m) => ("device", m),
+            HalError::OutOfHostMemory(m) => ("host", m),
+            HalError::Unsupported(m) => ("unsupported", m),
+            HalError::DeviceLost(m) => ("lost", m),
+            HalError::Unexpected(m) => ("unexpected", m),
+        };
+        assert_eq!(kind(R::CUDA_ERROR_OUT_OF_MEMORY, true).0, "device");
+        assert_eq!(kind(R::CUDA_ERROR_OUT_OF_MEMORY, false).0, "host");
+        assert_eq!(kind(R::CUDA_ERROR_NOT_SUPPORTED, true).0, "unsupported");
+        assert_eq!(kind(R::CUDA_ERROR_ILLEGAL_ADDRESS, true).0, "lost");
+        let (k, m) = kind(R::CUDA_ERROR_INVALID_VALUE, true);
+        assert_eq!(k, "unexpected");
+        assert!(m.starts_with("cuMemCreate failed: "), "{m}");
+        assert!(m.contains("1"), "{m}");
+    }
+
+    /// The allocation properties ask for pinned memory with a POSIX-fd shareable handle at the
+    /// location given, and the host location is a NUMA node (plain HOST is refused by
+    /// cuMemCreate on driver 580).
+    #[test]
+    fn allocation_properties_and_locations_are_what_cumemcreate_needs() {
+        let p = allocation_prop(device_location(3), true);
+        assert_eq!(
+            p.type_,
+            sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED
+        );
+        assert_eq!(
+            p.requestedHandleTypes,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        );
+        assert_eq!(p.location.id, 3);
+        assert_eq!(
+            p.location.type_,
+            sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE
+        );
+        let h = host_numa_location(1);
+        assert_eq!(
+            h.type_,
+            sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA
+        );
+        assert_eq!(h.id, 1);
+    }
 }
