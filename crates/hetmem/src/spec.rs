@@ -154,7 +154,7 @@ pub fn relaxed_max_size_from_raw(flags: u32) -> Result<bool> {
 /// (`ze_relaxed_allocation_limits_ext_desc_t` or its experimental form
 /// `ze_relaxed_allocation_limits_exp_desc_t`; same layout: `stype`, `pNext`, `flags`) from its
 /// `stype` and `flags` fields, for the C ABI; the result goes to
-/// [`AllocDesc::relaxed_max_size`].
+/// [`crate::AllocDesc::relaxed_max_size`].
 ///
 /// - `stype` must be [`RELAXED_LIMITS_EXT_STYPE`] (0x10016) or [`RELAXED_LIMITS_EXP_STYPE`]
 ///   (0x00020001) ([`is_relaxed_limits_stype`]); any other is `UnsupportedEnumeration`, the

@@ -6,8 +6,8 @@
 //!   every argument against the spec (alignment, ranges, overlap, capacity, enumerations), so a
 //!   backend never decides a spec error code;
 //! - **fallible only for what the caller cannot anticipate**: out of memory, an OS limit, a lost
-//!   device. Those come back as [`crate::HalError::OutOfHostMemory`] / [`crate::Error::OutOfDeviceMemory`] /
-//!   [`crate::HalError::Unexpected`] with a message naming the limit or the failing call.
+//!   device. Those come back as [`crate::backend::HalError::OutOfHostMemory`] / [`crate::Error::OutOfDeviceMemory`] /
+//!   [`crate::backend::HalError::Unexpected`] with a message naming the limit or the failing call.
 //!
 //! Each method names the CUDA driver call the cuda backend maps it to.
 //!

@@ -1,6 +1,6 @@
 //! The argument rules of the ACL calls that are not a family's own state (managed memory,
-//! virtual memory and allocations keep theirs in [`super::managed`], [`super::vmm`] and
-//! [`super::usm`]): size 0, counts, flags, the property structure of physical memory, the
+//! virtual memory and allocations keep theirs in `semantics::managed`, `semantics::vmm` and
+//! `semantics::usm`): size 0, counts, flags, the property structure of physical memory, the
 //! reservation alignment, the free of the right kind of memory and the location an advice
 //! reads. The C library (`hetmem-acl`) calls these and nothing else decides, so a Rust caller
 //! and a C caller get the same answer for the same arguments. Enumerations are decoded in

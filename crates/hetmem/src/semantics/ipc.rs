@@ -213,7 +213,7 @@ impl IpcHandle {
         decode(self).ok().map(|h| h.pid)
     }
     /// The exporter's broker nonce (bytes 16..20; the broker's socket is
-    /// [`crate::backend::host::ipc::broker_name`]`(pid, nonce)`), or `None` for bytes that are
+    /// [`crate::Driver::ipc_broker_name`]`(pid, nonce)`), or `None` for bytes that are
     /// not a valid handle.
     pub fn broker_nonce(&self) -> Option<u32> {
         decode(self).ok().map(|h| h.nonce)
@@ -886,18 +886,18 @@ pub(crate) fn release_context(d: &DriverShared, context: u64) {
 }
 
 /// Number of live exports of this process, all drivers (handles got and not put), for leak
-/// checks. Per driver: [`Driver::ipc_stats`].
+/// checks. Per driver: [`crate::Driver::ipc_stats`].
 pub fn live_exports() -> usize {
     EXPORTS.lock().len()
 }
 
 /// Number of views opened in this process and not closed, all drivers, for leak checks. Per
-/// driver: [`Driver::ipc_stats`].
+/// driver: [`crate::Driver::ipc_stats`].
 pub fn open_views() -> usize {
     IMPORTS.lock().len()
 }
 
-/// Counters of one driver's IPC state ([`Driver::ipc_stats`]), for checks and leak tests.
+/// Counters of one driver's IPC state ([`crate::Driver::ipc_stats`]), for checks and leak tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct IpcStats {
     /// Live exports of the driver's contexts: handles got (`zeMemGetIpcHandle*`) and not put
