@@ -239,6 +239,19 @@ impl CudaBackend {
     }
 }
 
+impl Drop for CudaBackend {
+    /// Releases the primary contexts retained by [`CudaBackend::new`]
+    /// (`cuDevicePrimaryCtxRelease`); the last release of a context frees what is left in it.
+    fn drop(&mut self) {
+        for d in &self.handles {
+            // SAFETY: retained once by `new`, released once here.
+            unsafe {
+                let _ = sys::cuDevicePrimaryCtxRelease_v2(*d);
+            }
+        }
+    }
+}
+
 impl Backend for CudaBackend {
     fn name(&self) -> &'static str {
         "cuda"
