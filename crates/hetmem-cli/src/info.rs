@@ -102,8 +102,12 @@ fn managed_info(rt: &hetmem::Runtime, ctx: &hetmem::Context) {
     match ctx.alloc_managed(1, hetmem::ACL_RT_MEM_ATTACH_GLOBAL) {
         Ok(p) => {
             let _ = ctx.free_managed(p);
+            let how = match rt.driver().backend_kind() {
+                hetmem::BackendKind::Host => "userfaultfd migration",
+                hetmem::BackendKind::Cuda => "the CUDA driver's migration, cuMemAllocManaged",
+            };
             println!(
-                "managed memory: available (userfaultfd migration, {} pages)",
+                "managed memory: available ({how}, {} pages)",
                 human(hetmem::MANAGED_PAGE_SIZE as u64)
             );
         }
