@@ -1,0 +1,533 @@
+//! Page access attributes without the driver's lock: each reservation's table of per-page
+//! attributes, and the index that finds a reservation by address.
+//!
+//! Spec: oneAPI Level Zero 1.18, "Virtual Mem": `zeVirtualMemSetAccessAttribute` and
+//! `zeVirtualMemGetAccessAttribute` "should be lock-free". Here neither takes the driver's
+//! `vm` lock, so they never wait for, nor hold up, calls on other reservations, and readers
+//! never wait for a writer's syscall.
+//!
+//! # Design
+//! - **Per-page table** ([`ReservationPages`]): one byte per base page (`query_page_size(1)`)
+//!   in atomics: unmapped, or mapped with NONE / READWRITE / READONLY. It is a two-level table
+//!   (chunks of [`CHUNK`] pages allocated when first mapped), so a 4 TiB reservation costs
+//!   only its top level until pages are mapped, and scans skip unallocated chunks. A lookup is
+//!   an index, not a tree search: the set-access fast path is a handful of loads and stores.
+//! - **One writer per reservation**: every change of a reservation's pages (map, unmap, free,
+//!   set-access) holds its `gate` mutex, across the syscall too, so a set-access never
+//!   `mprotect`s a page that an unmap or free is replacing, and never after the range was
+//!   released (free marks the table dead under the gate before it returns). Map, unmap and
+//!   free take the gate after the driver's `vm` write lock; set-access takes only the gate.
+//!   Queue submission takes the gates of the reservations its operands lie in before it checks
+//!   their access and records its in-flight references (see [`crate::queue`]), so a
+//!   set-access either sees the reference (and waits, as the rule says) or runs wholly before
+//!   the check.
+//! - **Readers take no lock** on the table: a per-reservation seqlock. A writer bumps the
+//!   sequence to odd, stores the page bytes, bumps it to even; a reader reads the sequence,
+//!   the bytes, and the sequence again, and retries if they differ or were odd. Writers update
+//!   the bytes *after* their syscall, so the section is a few stores and a reader never waits
+//!   for an `mprotect`. Every access is atomic, so a racing reader is sound, and a result is
+//!   always the table at one instant (never half a set-access).
+//! - **The index** ([`ReservationIndex`]): reservations by base, behind a sharded
+//!   reader-writer lock (a "big reader" lock). A reader takes the shared lock of its thread's
+//!   shard only, each on its own cache line, so readers on different threads touch no common
+//!   cache line; reserve and free (already under the `vm` write lock) take every shard.
+//!   Tables are reference counted, so a reader that found one may use it after a free: it is
+//!   then marked dead and answers "not inside a reservation".
+//!
+//! A set-access racing an unmap or free of the same range (which the spec forbids) is thus
+//! ordered one way or the other by the gate: it changes live mapped pages only, or fails as on
+//! a range that is not reserved.
+
+use std::cell::UnsafeCell;
+use std::collections::BTreeMap;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::lock_api::RawRwLock as _;
+use parking_lot::{Mutex, RawRwLock};
+
+use crate::backend::{Backend, Protection};
+use crate::error::{Addr, Error, Result};
+use crate::spec::AccessAttribute;
+
+/// The backend protection that implements an access attribute.
+pub(crate) fn protection(a: AccessAttribute) -> Protection {
+    match a {
+        AccessAttribute::None => Protection::None,
+        AccessAttribute::ReadWrite => Protection::ReadWrite,
+        AccessAttribute::ReadOnly => Protection::ReadOnly,
+    }
+}
+
+pub(crate) fn null_check(ptr: usize, what: &str) -> Result<()> {
+    if ptr == 0 {
+        return Err(Error::InvalidNullPointer(format!("{what} is null")));
+    }
+    Ok(())
+}
+
+pub(crate) fn nonzero(size: usize, what: &str) -> Result<()> {
+    if size == 0 {
+        return Err(Error::UnsupportedSize(format!("{what} is 0")));
+    }
+    Ok(())
+}
+
+/// `UnsupportedSize` unless `size` is a multiple of `page`.
+pub(crate) fn size_multiple(size: usize, page: usize, what: &str) -> Result<()> {
+    if !size.is_multiple_of(page) {
+        return Err(Error::UnsupportedSize(format!(
+            "{what} {size:#x} is not a multiple of its page size {page:#x}"
+        )));
+    }
+    Ok(())
+}
+
+/// `UnsupportedAlignment` unless `value` is a multiple of `page`.
+pub(crate) fn aligned(value: usize, page: usize, what: &str) -> Result<()> {
+    if !value.is_multiple_of(page) {
+        return Err(Error::UnsupportedAlignment(format!(
+            "{what} {value:#x} is not aligned to the page size {page:#x}"
+        )));
+    }
+    Ok(())
+}
+
+/// The containment rule of the range calls: `found` is the reservation `(base, size,
+/// context)` starting at or before `ptr`, if any; the result is its base if it belongs to
+/// `context` and wholly contains `[ptr, ptr+size)`. `InvalidArgument` otherwise, naming why.
+pub(crate) fn containing(
+    found: Option<(usize, usize, u64)>,
+    context: u64,
+    ptr: usize,
+    size: usize,
+) -> Result<usize> {
+    let end = ptr.checked_add(size).ok_or_else(|| {
+        Error::InvalidArgument(format!("range {} + {size:#x} overflows", Addr(ptr)))
+    })?;
+    match found {
+        Some((b, s, c)) if c == context && end <= b + s && ptr < b + s => Ok(b),
+        Some((b, s, c)) if c == context && ptr < b + s => Err(Error::InvalidArgument(format!(
+            "range [{}, {}) runs past the end of reservation [{}, {})",
+            Addr(ptr),
+            Addr(end),
+            Addr(b),
+            Addr(b + s)
+        ))),
+        _ => Err(not_inside(ptr, end)),
+    }
+}
+
+fn not_inside(ptr: usize, end: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "range [{}, {}) is not inside a reservation of this context",
+        Addr(ptr),
+        Addr(end)
+    ))
+}
+
+/// Base pages per chunk of a page table.
+pub(crate) const CHUNK: usize = 1024;
+
+/// Page state: not mapped (reads as NONE).
+pub(crate) const UNMAPPED: u8 = 0;
+
+/// The page state of a mapped page with attribute `a`.
+fn state_of(a: AccessAttribute) -> u8 {
+    a as u8 + 1
+}
+
+/// The attribute a page in state `s` reads as (unmapped pages are NONE).
+pub(crate) fn attr_of(s: u8) -> AccessAttribute {
+    match s {
+        2 => AccessAttribute::ReadWrite,
+        3 => AccessAttribute::ReadOnly,
+        _ => AccessAttribute::None,
+    }
+}
+
+/// One reservation's per-page states (see the module docs): written under `gate` inside the
+/// seqlock, read by anyone.
+pub(crate) struct ReservationPages {
+    pub(crate) base: usize,
+    pub(crate) size: usize,
+    pub(crate) context: u64,
+    /// The base page: the unit of the table.
+    page: usize,
+    /// Held by whoever changes the reservation's pages or their OS mappings, and by queue
+    /// submission while it checks and references them.
+    pub(crate) gate: Mutex<()>,
+    /// The seqlock: odd while a writer stores page states.
+    seq: AtomicU64,
+    /// False once freed.
+    live: AtomicBool,
+    chunks: Box<[OnceLock<Box<[AtomicU8]>>]>,
+}
+
+impl std::fmt::Debug for ReservationPages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReservationPages")
+            .field("base", &format_args!("{}", Addr(self.base)))
+            .field("size", &self.size)
+            .field("context", &self.context)
+            .field("live", &self.live.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl ReservationPages {
+    /// The table of a new reservation: every page unmapped.
+    pub(crate) fn new(base: usize, size: usize, context: u64, page: usize) -> Self {
+        let chunks = (size / page).div_ceil(CHUNK);
+        ReservationPages {
+            base,
+            size,
+            context,
+            page,
+            gate: Mutex::new(()),
+            seq: AtomicU64::new(0),
+            live: AtomicBool::new(true),
+            chunks: (0..chunks).map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    /// The state of page `i`.
+    #[inline]
+    pub(crate) fn state(&self, i: usize) -> u8 {
+        match self.chunks[i / CHUNK].get() {
+            Some(c) => c[i % CHUNK].load(Ordering::Relaxed),
+            None => UNMAPPED,
+        }
+    }
+
+    /// The end (page index, at most `limit`) of the run from page `i` whose states satisfy
+    /// `same` (page `i`'s must); skips unallocated chunks in one step.
+    #[inline]
+    pub(crate) fn run_end(&self, i: usize, limit: usize, same: impl Fn(u8) -> bool) -> usize {
+        let mut j = i + 1;
+        while j < limit {
+            match self.chunks[j / CHUNK].get() {
+                None if same(UNMAPPED) => j = (j / CHUNK + 1) * CHUNK,
+                None => return j,
+                Some(c) => {
+                    if !same(c[j % CHUNK].load(Ordering::Relaxed)) {
+                        return j;
+                    }
+                    j += 1;
+                }
+            }
+        }
+        limit
+    }
+
+    /// Page index of address `a` (inside the reservation).
+    #[inline]
+    pub(crate) fn index(&self, a: usize) -> usize {
+        (a - self.base) / self.page
+    }
+
+    /// The base page.
+    pub(crate) fn page(&self) -> usize {
+        self.page
+    }
+
+    /// Stores state `s` for pages `[i, j)`. Writers only: `gate` held, inside
+    /// [`Self::write`].
+    fn store(&self, i: usize, j: usize, s: u8) {
+        let mut k = i;
+        while k < j {
+            let c = &self.chunks[k / CHUNK];
+            let stop = j.min((k / CHUNK + 1) * CHUNK);
+            if s == UNMAPPED && c.get().is_none() {
+                k = stop;
+                continue;
+            }
+            let c = c.get_or_init(|| (0..CHUNK).map(|_| AtomicU8::new(UNMAPPED)).collect());
+            for p in &c[k % CHUNK..(stop - 1) % CHUNK + 1] {
+                p.store(s, Ordering::Relaxed);
+            }
+            k = stop;
+        }
+    }
+
+    /// Runs `f` as one seqlock write section (the caller holds `gate`).
+    fn write(&self, f: impl FnOnce()) {
+        let s = self.seq.load(Ordering::Relaxed);
+        self.seq.store(s + 1, Ordering::Relaxed);
+        // Orders the odd sequence before the stores of `f` (a reader that sees any of them
+        // then sees the sequence move).
+        fence(Ordering::Release);
+        f();
+        self.seq.store(s + 2, Ordering::Release);
+    }
+
+    /// Runs `f` until it saw no concurrent write section: a consistent snapshot.
+    fn read<T>(&self, mut f: impl FnMut() -> T) -> T {
+        let mut spins = 0u32;
+        loop {
+            let s1 = self.seq.load(Ordering::Acquire);
+            if s1 & 1 == 0 {
+                let v = f();
+                fence(Ordering::Acquire);
+                if self.seq.load(Ordering::Relaxed) == s1 {
+                    return v;
+                }
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                // The writer may be preempted inside its (short) section.
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Whether the reservation is still live (not freed).
+    pub(crate) fn is_live(&self) -> bool {
+        self.live.load(Ordering::Acquire)
+    }
+
+    /// Map (`Some(access)`) or unmap (`None`) of `[start, end)`; the caller holds `gate` and
+    /// has made the OS change.
+    pub(crate) fn set_mapped(&self, start: usize, end: usize, access: Option<AccessAttribute>) {
+        let s = access.map_or(UNMAPPED, state_of);
+        let (i, j) = (self.index(start), self.index(end));
+        self.write(|| self.store(i, j, s));
+    }
+
+    /// Free: the table is dead from now on (the caller holds `gate`).
+    pub(crate) fn kill(&self) {
+        self.write(|| self.live.store(false, Ordering::Relaxed));
+    }
+
+    /// `zeVirtualMemSetAccessAttribute` on a validated range of this live reservation, with
+    /// `gate` held: protects the mapped pages whose attribute differs, in runs of one old
+    /// attribute, then records the new one. If a protect fails, every run changed so far is
+    /// put back and nothing is recorded (a failed call changes nothing).
+    pub(crate) fn protect_range(
+        &self,
+        backend: &dyn Backend,
+        ptr: usize,
+        size: usize,
+        access: AccessAttribute,
+    ) -> Result<()> {
+        let new = state_of(access);
+        let (i0, n) = (self.index(ptr), size / self.page);
+        let lim = i0 + n;
+        // Fast path: every page mapped with one attribute (one protect, no rollback list).
+        let s0 = self.state(i0);
+        if s0 != UNMAPPED && self.run_end(i0, lim, |s| s == s0) == lim {
+            if s0 == new {
+                return Ok(());
+            }
+            // SAFETY: every page of [ptr, ptr+size) is mapped, and stays so under the gate.
+            if let Err(err) = unsafe { backend.protect(ptr, size, protection(access)) } {
+                // mprotect may have changed part of the range before failing: put it back.
+                // SAFETY: same mapped range.
+                unsafe { backend.protect(ptr, size, protection(attr_of(s0))).ok() };
+                return Err(err.into());
+            }
+            self.write(|| self.store(i0, lim, new));
+            return Ok(());
+        }
+        // Runs of mapped pages with one old attribute other than `access`, as page indices.
+        let mut runs: Vec<(usize, usize, u8)> = Vec::new();
+        let mut i = i0;
+        while i < lim {
+            let s = self.state(i);
+            let j = self.run_end(i, lim, |x| x == s);
+            if s != UNMAPPED && s != new {
+                runs.push((i, j, s));
+            }
+            i = j;
+        }
+        let addr = |i: usize| self.base + i * self.page;
+        for (k, &(i, j, _)) in runs.iter().enumerate() {
+            // SAFETY: [addr(i), addr(j)) is mapped, and stays so under the gate.
+            if let Err(err) =
+                unsafe { backend.protect(addr(i), (j - i) * self.page, protection(access)) }
+            {
+                // The failing run may be partly changed too: put it back with the others.
+                for &(i, j, old) in &runs[..=k] {
+                    // SAFETY: same mapped runs, put back as they were.
+                    unsafe {
+                        backend
+                            .protect(addr(i), (j - i) * self.page, protection(attr_of(old)))
+                            .ok()
+                    };
+                }
+                return Err(err.into());
+            }
+        }
+        if !runs.is_empty() {
+            self.write(|| {
+                for &(i, j, _) in &runs {
+                    self.store(i, j, new)
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// `zeVirtualMemGetAccessAttribute` on a validated range: the attribute of the page at
+    /// `ptr` and the length from `ptr` (capped at `size`) of pages that share it (unmapped
+    /// pages are NONE), from one consistent snapshot; `None` if the reservation was freed.
+    pub(crate) fn access_run(&self, ptr: usize, size: usize) -> Option<(AccessAttribute, usize)> {
+        let (i0, n) = (self.index(ptr), size / self.page);
+        self.read(|| {
+            if !self.live.load(Ordering::Relaxed) {
+                return None;
+            }
+            let a = attr_of(self.state(i0));
+            let j = self.run_end(i0, i0 + n, |s| attr_of(s) == a);
+            Some((a, (j - i0) * self.page))
+        })
+    }
+}
+
+/// Shards of the index's lock: at least the threads the benchmarks run, one cache line each.
+const SHARDS: usize = 16;
+
+#[repr(align(128))]
+struct Shard(RawRwLock);
+
+/// Every reservation's page table by base, behind a sharded reader-writer lock (see the
+/// module docs): readers lock their thread's shard, writers all of them.
+pub(crate) struct ReservationIndex {
+    shards: [Shard; SHARDS],
+    map: UnsafeCell<BTreeMap<usize, Arc<ReservationPages>>>,
+    /// The base page (`query_page_size(1)`): the unit of the access calls.
+    base_page: usize,
+}
+
+// SAFETY: `map` is read only under one shard's shared lock and written only under every
+// shard's exclusive lock, so a write never overlaps a read or another write; its contents are
+// `Send + Sync`.
+unsafe impl Sync for ReservationIndex {}
+
+impl std::fmt::Debug for ReservationIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReservationIndex")
+            .field("base_page", &self.base_page)
+            .finish_non_exhaustive()
+    }
+}
+
+/// This thread's shard: threads take shards round-robin as they first ask.
+fn shard_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    }
+    // During thread-local teardown, any shard will do.
+    SHARD.try_with(|s| *s).unwrap_or(0)
+}
+
+struct SharedUnlock<'a>(&'a RawRwLock);
+impl Drop for SharedUnlock<'_> {
+    fn drop(&mut self) {
+        // SAFETY: locked shared by the code that made this guard.
+        unsafe { self.0.unlock_shared() }
+    }
+}
+
+struct ExclusiveUnlock<'a>(&'a [Shard; SHARDS]);
+impl Drop for ExclusiveUnlock<'_> {
+    fn drop(&mut self) {
+        for s in self.0.iter().rev() {
+            // SAFETY: every shard was locked exclusive by the code that made this guard.
+            unsafe { s.0.unlock_exclusive() }
+        }
+    }
+}
+
+impl ReservationIndex {
+    pub(crate) fn new(base_page: usize) -> Self {
+        ReservationIndex {
+            shards: [const { Shard(RawRwLock::INIT) }; SHARDS],
+            map: UnsafeCell::new(BTreeMap::new()),
+            base_page,
+        }
+    }
+
+    fn with_read<T>(&self, f: impl FnOnce(&BTreeMap<usize, Arc<ReservationPages>>) -> T) -> T {
+        let lock = &self.shards[shard_index()].0;
+        lock.lock_shared();
+        let _unlock = SharedUnlock(lock);
+        // SAFETY: a shard's shared lock excludes writers, which hold every shard.
+        f(unsafe { &*self.map.get() })
+    }
+
+    fn with_write<T>(&self, f: impl FnOnce(&mut BTreeMap<usize, Arc<ReservationPages>>) -> T) -> T {
+        for s in &self.shards {
+            s.0.lock_exclusive();
+        }
+        let _unlock = ExclusiveUnlock(&self.shards);
+        // SAFETY: every shard is held exclusive: no reader or other writer.
+        f(unsafe { &mut *self.map.get() })
+    }
+
+    /// Records a new reservation (under the `vm` write lock).
+    pub(crate) fn insert(&self, pages: Arc<ReservationPages>) {
+        self.with_write(|m| m.insert(pages.base, pages));
+    }
+
+    /// Forgets a freed reservation (under the `vm` write lock).
+    pub(crate) fn remove(&self, base: usize) {
+        self.with_write(|m| m.remove(&base));
+    }
+
+    /// The access calls' checks, in the order the other range calls make them: null, size 0,
+    /// base-page alignment, then one live reservation of `context` wholly containing the
+    /// range; runs `f` on its table under the shard's shared lock.
+    fn with_containing<T>(
+        &self,
+        context: u64,
+        ptr: usize,
+        size: usize,
+        f: impl FnOnce(&Arc<ReservationPages>) -> T,
+    ) -> Result<T> {
+        null_check(ptr, "address")?;
+        nonzero(size, "size")?;
+        aligned(ptr, self.base_page, "address")?;
+        size_multiple(size, self.base_page, "size")?;
+        self.with_read(|m| {
+            let found = m.range(..=ptr).next_back().map(|(_, r)| r);
+            containing(
+                found.map(|r| (r.base, r.size, r.context)),
+                context,
+                ptr,
+                size,
+            )?;
+            Ok(f(found.expect("found")))
+        })
+    }
+
+    /// The validated reservation table containing `[ptr, ptr+size)` (see
+    /// [`Self::with_containing`]), for `zeVirtualMemSetAccessAttribute`.
+    pub(crate) fn find(
+        &self,
+        context: u64,
+        ptr: usize,
+        size: usize,
+    ) -> Result<Arc<ReservationPages>> {
+        self.with_containing(context, ptr, size, Arc::clone)
+    }
+
+    /// The error for a range whose reservation was freed after it was found.
+    pub(crate) fn freed(ptr: usize, size: usize) -> Error {
+        not_inside(ptr, ptr + size)
+    }
+
+    /// `zeVirtualMemGetAccessAttribute`: no lock but this thread's index shard.
+    pub(crate) fn get_access(
+        &self,
+        context: u64,
+        ptr: usize,
+        size: usize,
+    ) -> Result<(AccessAttribute, usize)> {
+        self.with_containing(context, ptr, size, |r| r.access_run(ptr, size))?
+            .ok_or_else(|| Self::freed(ptr, size))
+    }
+}
