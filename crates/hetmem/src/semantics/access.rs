@@ -12,15 +12,19 @@
 //!   (chunks of [`CHUNK`] pages allocated when first mapped), so a 4 TiB reservation costs
 //!   only its top level until pages are mapped, and scans skip unallocated chunks. A lookup is
 //!   an index, not a tree search: the set-access fast path is a handful of loads and stores.
-//! - **One writer per reservation**: every change of a reservation's pages (map, unmap, free,
-//!   set-access) holds its `gate` mutex, across the syscall too, so a set-access never
-//!   `mprotect`s a page that an unmap or free is replacing, and never after the range was
-//!   released (free marks the table dead under the gate before it returns). Map, unmap and
-//!   free take the gate after the driver's `vm` write lock; set-access takes only the gate.
-//!   Queue submission takes the gates of the reservations its operands lie in before it checks
-//!   their access and records its in-flight references (see [`crate::queue`]), so a
-//!   set-access either sees the reference (and waits, as the rule says) or runs wholly before
-//!   the check.
+//! - **Writers exclude each other per page, not per reservation**: each reservation has a
+//!   `gate` reader-writer lock. Map, unmap and free hold it exclusive (after the driver's `vm`
+//!   write lock) around their OS change and table update, so a set-access never `mprotect`s a
+//!   page that an unmap or free is replacing, nor a range after it was released (free marks
+//!   the table dead under the gate). Set-access holds it *shared* and claims the pages of its
+//!   range with a busy bit in their state byte, across its syscall; setters of disjoint pages
+//!   of one reservation thus run at once (the kernel serialises their `mprotect`s anyway, and a
+//!   mutex here would add a sleeping hand-off to each). A setter that finds a page claimed
+//!   (two set-access calls on one page at once) waits for the gate exclusive and runs alone.
+//!   Queue submission holds the gates of the reservations its operands lie in, exclusive,
+//!   while it checks their access and records its in-flight references (see
+//!   [`crate::queue`]), so a set-access either sees the reference (and waits, as the rule
+//!   says) or runs wholly before the check.
 //! - **Readers take no lock** on the table: a per-reservation seqlock. A writer bumps the
 //!   sequence to odd, stores the page bytes, bumps it to even; a reader reads the sequence,
 //!   the bytes, and the sequence again, and retries if they differ or were odd. Writers update
@@ -44,7 +48,7 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ord
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::lock_api::RawRwLock as _;
-use parking_lot::{Mutex, RawRwLock};
+use parking_lot::{RawRwLock, RwLock, RwLockWriteGuard};
 
 use crate::backend::{Backend, Protection};
 use crate::error::{Addr, Error, Result};
@@ -132,6 +136,10 @@ pub(crate) const CHUNK: usize = 1024;
 /// Page state: not mapped (reads as NONE).
 pub(crate) const UNMAPPED: u8 = 0;
 
+/// Page state bit: a set-access holding the gate shared has claimed the page (it is changing
+/// its protection). Never part of what the page reads as.
+const BUSY: u8 = 0x80;
+
 /// The page state of a mapped page with attribute `a`.
 fn state_of(a: AccessAttribute) -> u8 {
     a as u8 + 1
@@ -152,11 +160,14 @@ pub(crate) struct ReservationPages {
     pub(crate) base: usize,
     pub(crate) size: usize,
     pub(crate) context: u64,
-    /// The base page: the unit of the table.
+    /// The base page: the unit of the table (a power of two).
     page: usize,
-    /// Held by whoever changes the reservation's pages or their OS mappings, and by queue
-    /// submission while it checks and references them.
-    pub(crate) gate: Mutex<()>,
+    /// `log2(page)`.
+    shift: u32,
+    /// Held exclusive by whoever changes which pages are mapped (map, unmap, free) and by queue
+    /// submission while it checks access and records its references; shared by set-access,
+    /// which claims its pages ([`BUSY`]) so that setters on other pages run at once.
+    gate: RwLock<()>,
     /// The seqlock: odd while a writer stores page states.
     seq: AtomicU64,
     /// False once freed.
@@ -178,13 +189,15 @@ impl std::fmt::Debug for ReservationPages {
 impl ReservationPages {
     /// The table of a new reservation: every page unmapped.
     pub(crate) fn new(base: usize, size: usize, context: u64, page: usize) -> Self {
+        debug_assert!(page.is_power_of_two());
         let chunks = (size / page).div_ceil(CHUNK);
         ReservationPages {
             base,
             size,
             context,
             page,
-            gate: Mutex::new(()),
+            shift: page.trailing_zeros(),
+            gate: RwLock::new(()),
             seq: AtomicU64::new(0),
             live: AtomicBool::new(true),
             chunks: (0..chunks).map(|_| OnceLock::new()).collect(),
@@ -195,7 +208,7 @@ impl ReservationPages {
     #[inline]
     pub(crate) fn state(&self, i: usize) -> u8 {
         match self.chunks[i / CHUNK].get() {
-            Some(c) => c[i % CHUNK].load(Ordering::Relaxed),
+            Some(c) => c[i % CHUNK].load(Ordering::Relaxed) & !BUSY,
             None => UNMAPPED,
         }
     }
@@ -206,16 +219,20 @@ impl ReservationPages {
     pub(crate) fn run_end(&self, i: usize, limit: usize, same: impl Fn(u8) -> bool) -> usize {
         let mut j = i + 1;
         while j < limit {
+            let first = j / CHUNK * CHUNK;
+            let stop = limit.min(first + CHUNK);
             match self.chunks[j / CHUNK].get() {
-                None if same(UNMAPPED) => j = (j / CHUNK + 1) * CHUNK,
+                None if same(UNMAPPED) => {}
                 None => return j,
                 Some(c) => {
-                    if !same(c[j % CHUNK].load(Ordering::Relaxed)) {
-                        return j;
+                    let run = &c[j - first..stop - first];
+                    let differs = |p: &AtomicU8| !same(p.load(Ordering::Relaxed) & !BUSY);
+                    if let Some(k) = run.iter().position(differs) {
+                        return j + k;
                     }
-                    j += 1;
                 }
             }
+            j = stop;
         }
         limit
     }
@@ -223,7 +240,7 @@ impl ReservationPages {
     /// Page index of address `a` (inside the reservation).
     #[inline]
     pub(crate) fn index(&self, a: usize) -> usize {
-        (a - self.base) / self.page
+        (a - self.base) >> self.shift
     }
 
     /// The base page.
@@ -231,8 +248,8 @@ impl ReservationPages {
         self.page
     }
 
-    /// Stores state `s` for pages `[i, j)`. Writers only: `gate` held, inside
-    /// [`Self::write`].
+    /// Stores state `s` for pages `[i, j)` (clearing a claim). Writers only: `gate` held
+    /// exclusive, or shared with the pages claimed; inside [`Self::write`].
     fn store(&self, i: usize, j: usize, s: u8) {
         let mut k = i;
         while k < j {
@@ -244,16 +261,35 @@ impl ReservationPages {
             }
             let c = c.get_or_init(|| (0..CHUNK).map(|_| AtomicU8::new(UNMAPPED)).collect());
             for p in &c[k % CHUNK..(stop - 1) % CHUNK + 1] {
-                p.store(s, Ordering::Relaxed);
+                // Release: a setter that claims the page next sees everything before.
+                p.store(s, Ordering::Release);
             }
             k = stop;
         }
     }
 
-    /// Runs `f` as one seqlock write section (the caller holds `gate`).
+    /// Runs `f` as one seqlock write section (the caller holds `gate`). Setters of disjoint
+    /// pages may hold the gate together, so the odd sequence is taken with a compare-exchange
+    /// (a spin lock over a few stores, never over a syscall).
     fn write(&self, f: impl FnOnce()) {
-        let s = self.seq.load(Ordering::Relaxed);
-        self.seq.store(s + 1, Ordering::Relaxed);
+        let mut spins = 0u32;
+        let s = loop {
+            let s = self.seq.load(Ordering::Relaxed);
+            if s & 1 == 0
+                && self
+                    .seq
+                    .compare_exchange_weak(s, s + 1, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                break s;
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        };
         // Orders the odd sequence before the stores of `f` (a reader that sees any of them
         // then sees the sequence move).
         fence(Ordering::Release);
@@ -283,6 +319,47 @@ impl ReservationPages {
         }
     }
 
+    /// The gate, exclusive: no set-access is in progress or starts until it is dropped. Map,
+    /// unmap and free take it (after the `vm` write lock) around their OS change and table
+    /// update; queue submission around its access check and references.
+    pub(crate) fn exclusive(&self) -> RwLockWriteGuard<'_, ()> {
+        self.gate.write()
+    }
+
+    /// Claims pages `[i, j)` for a set-access holding the gate shared: true if none was
+    /// claimed by another (then all are ours); false (and nothing claimed) otherwise. Pages
+    /// of unallocated chunks are unmapped, so a set-access never changes them.
+    fn claim(&self, i: usize, j: usize) -> bool {
+        let mut k = i;
+        while k < j {
+            let stop = j.min((k / CHUNK + 1) * CHUNK);
+            if let Some(c) = self.chunks[k / CHUNK].get() {
+                for x in k..stop {
+                    if c[x % CHUNK].fetch_or(BUSY, Ordering::Acquire) & BUSY != 0 {
+                        self.unclaim(i, x);
+                        return false;
+                    }
+                }
+            }
+            k = stop;
+        }
+        true
+    }
+
+    /// Gives up the claims on pages `[i, j)`.
+    fn unclaim(&self, i: usize, j: usize) {
+        let mut k = i;
+        while k < j {
+            let stop = j.min((k / CHUNK + 1) * CHUNK);
+            if let Some(c) = self.chunks[k / CHUNK].get() {
+                for p in &c[k % CHUNK..(stop - 1) % CHUNK + 1] {
+                    p.fetch_and(!BUSY, Ordering::Release);
+                }
+            }
+            k = stop;
+        }
+    }
+
     /// Whether the reservation is still live (not freed).
     pub(crate) fn is_live(&self) -> bool {
         self.live.load(Ordering::Acquire)
@@ -301,11 +378,51 @@ impl ReservationPages {
         self.write(|| self.live.store(false, Ordering::Relaxed));
     }
 
-    /// `zeVirtualMemSetAccessAttribute` on a validated range of this live reservation, with
-    /// `gate` held: protects the mapped pages whose attribute differs, in runs of one old
-    /// attribute, then records the new one. If a protect fails, every run changed so far is
-    /// put back and nothing is recorded (a failed call changes nothing).
-    pub(crate) fn protect_range(
+    /// `zeVirtualMemSetAccessAttribute` on a range validated against this table: with the
+    /// gate shared and the range's pages claimed, or (if another setter holds some of them)
+    /// with the gate exclusive. `referenced()` tells whether queued work references the
+    /// reservation; it is asked under the gate, and then nothing changes
+    /// ([`SetOutcome::Referenced`]: the caller waits and tries again).
+    pub(crate) fn set_access(
+        &self,
+        backend: &dyn Backend,
+        ptr: usize,
+        size: usize,
+        access: AccessAttribute,
+        referenced: impl Fn() -> bool,
+    ) -> Result<SetOutcome> {
+        let (i0, lim) = (self.index(ptr), self.index(ptr + size));
+        {
+            let _shared = self.gate.read();
+            if !self.is_live() {
+                return Err(ReservationIndex::freed(ptr, size));
+            }
+            if referenced() {
+                return Ok(SetOutcome::Referenced);
+            }
+            if self.claim(i0, lim) {
+                return self
+                    .protect_claimed(backend, ptr, size, access)
+                    .map(|()| SetOutcome::Done);
+            }
+        }
+        // Another set-access is changing some of these pages: wait for every setter.
+        let _exclusive = self.gate.write();
+        if !self.is_live() {
+            return Err(ReservationIndex::freed(ptr, size));
+        }
+        if referenced() {
+            return Ok(SetOutcome::Referenced);
+        }
+        self.protect_claimed(backend, ptr, size, access)
+            .map(|()| SetOutcome::Done)
+    }
+
+    /// Protects the mapped pages of `[ptr, ptr+size)` whose attribute differs, in runs of one
+    /// old attribute, then records the new one and gives up the claims (the caller holds the
+    /// gate exclusive, or shared with the pages claimed). If a protect fails, every run
+    /// changed so far is put back and nothing is recorded (a failed call changes nothing).
+    fn protect_claimed(
         &self,
         backend: &dyn Backend,
         ptr: usize,
@@ -313,12 +430,12 @@ impl ReservationPages {
         access: AccessAttribute,
     ) -> Result<()> {
         let new = state_of(access);
-        let (i0, n) = (self.index(ptr), size / self.page);
-        let lim = i0 + n;
+        let (i0, lim) = (self.index(ptr), self.index(ptr + size));
         // Fast path: every page mapped with one attribute (one protect, no rollback list).
         let s0 = self.state(i0);
         if s0 != UNMAPPED && self.run_end(i0, lim, |s| s == s0) == lim {
             if s0 == new {
+                self.unclaim(i0, lim);
                 return Ok(());
             }
             // SAFETY: every page of [ptr, ptr+size) is mapped, and stays so under the gate.
@@ -326,8 +443,10 @@ impl ReservationPages {
                 // mprotect may have changed part of the range before failing: put it back.
                 // SAFETY: same mapped range.
                 unsafe { backend.protect(ptr, size, protection(attr_of(s0))).ok() };
+                self.unclaim(i0, lim);
                 return Err(err.into());
             }
+            // Storing the new state gives up the claims.
             self.write(|| self.store(i0, lim, new));
             return Ok(());
         }
@@ -357,6 +476,7 @@ impl ReservationPages {
                             .ok()
                     };
                 }
+                self.unclaim(i0, lim);
                 return Err(err.into());
             }
         }
@@ -367,6 +487,7 @@ impl ReservationPages {
                 }
             });
         }
+        self.unclaim(i0, lim);
         Ok(())
     }
 
@@ -374,16 +495,25 @@ impl ReservationPages {
     /// `ptr` and the length from `ptr` (capped at `size`) of pages that share it (unmapped
     /// pages are NONE), from one consistent snapshot; `None` if the reservation was freed.
     pub(crate) fn access_run(&self, ptr: usize, size: usize) -> Option<(AccessAttribute, usize)> {
-        let (i0, n) = (self.index(ptr), size / self.page);
+        let (i0, lim) = (self.index(ptr), self.index(ptr + size));
         self.read(|| {
             if !self.live.load(Ordering::Relaxed) {
                 return None;
             }
             let a = attr_of(self.state(i0));
-            let j = self.run_end(i0, i0 + n, |s| attr_of(s) == a);
+            let j = self.run_end(i0, lim, |s| attr_of(s) == a);
             Some((a, (j - i0) * self.page))
         })
     }
+}
+
+/// What [`ReservationPages::set_access`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SetOutcome {
+    /// Done (the attributes are set).
+    Done,
+    /// Queued work references the reservation: nothing changed.
+    Referenced,
 }
 
 /// Shards of the index's lock: at least the threads the benchmarks run, one cache line each.
@@ -443,7 +573,13 @@ impl Drop for ExclusiveUnlock<'_> {
 }
 
 impl ReservationIndex {
+    /// The index of a driver whose base page is `base_page`, a power of two (every page size
+    /// is: the OS page, 64 KiB, 2 MiB).
     pub(crate) fn new(base_page: usize) -> Self {
+        assert!(
+            base_page.is_power_of_two(),
+            "the base page {base_page:#x} is not a power of two"
+        );
         ReservationIndex {
             shards: [const { Shard(RawRwLock::INIT) }; SHARDS],
             map: UnsafeCell::new(BTreeMap::new()),

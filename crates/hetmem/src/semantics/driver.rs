@@ -11,7 +11,7 @@ use parking_lot::RwLock;
 use crate::backend::Backend;
 use crate::config::BackendConfig;
 use crate::error::Result;
-use crate::semantics::access::ReservationIndex;
+use crate::semantics::access::{ReservationIndex, SetOutcome};
 use crate::semantics::inflight::InFlightRef;
 use crate::semantics::usm::UsmState;
 use crate::semantics::vmm::{AccessAttribute, VmState};
@@ -73,11 +73,11 @@ pub(crate) fn reservation_at(vm: &VmState, ptr: usize) -> Vec<usize> {
 }
 
 /// `zeVirtualMemSetAccessAttribute` without the `vm` lock ([`crate::semantics::access`]): finds
-/// and validates the range, takes its reservation's gate, and protects its mapped pages.
-/// While queued or running work references the reservation, drops the gate, waits for it (no
-/// lock held) and starts again. Submissions record their references under the gates of the
-/// reservations they use, so under ours no new reference to it can appear; if none is
-/// recorded driver-wide, ours has none (the fast path).
+/// and validates the range, takes its reservation's gate (shared), and protects its mapped
+/// pages. While queued or running work references the reservation, drops the gate, waits for
+/// it (no lock held) and starts again. Submissions record their references under the gates
+/// (exclusive) of the reservations they use, so under ours no new reference to it can appear;
+/// if none is recorded driver-wide, ours has none (the fast path).
 pub(crate) fn set_access(
     d: &DriverShared,
     context: u64,
@@ -87,18 +87,14 @@ pub(crate) fn set_access(
 ) -> Result<()> {
     loop {
         let pages = d.vm_index.find(context, ptr, size)?;
-        let gate = pages.gate.lock();
-        if !pages.is_live() {
-            return Err(ReservationIndex::freed(ptr, size));
-        }
         let busy = InFlightRef::Reservation(pages.base);
-        if d.inflight.reservations.load(Ordering::Acquire) != 0
-            && d.inflight.is_referenced_ref(busy)
-        {
-            drop(gate);
-            d.inflight.wait_unreferenced_ref(busy);
-            continue;
+        let referenced = || {
+            d.inflight.reservations.load(Ordering::Acquire) != 0
+                && d.inflight.is_referenced_ref(busy)
+        };
+        match pages.set_access(d.backend.as_ref(), ptr, size, access, referenced)? {
+            SetOutcome::Done => return Ok(()),
+            SetOutcome::Referenced => d.inflight.wait_unreferenced_ref(busy),
         }
-        return pages.protect_range(d.backend.as_ref(), ptr, size, access);
     }
 }

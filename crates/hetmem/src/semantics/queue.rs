@@ -184,7 +184,7 @@ pub(crate) fn check_all(d: &DriverShared, cmds: &[Cmd], hold: bool) -> Result<Ve
     } else {
         Vec::new()
     };
-    let _held: Vec<_> = gates.iter().map(|p| p.gate.lock()).collect();
+    let _held: Vec<_> = gates.iter().map(|p| p.exclusive()).collect();
     let mut ids = Vec::new();
     for c in cmds {
         for op in c.operands() {

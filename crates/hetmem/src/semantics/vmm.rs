@@ -335,7 +335,7 @@ impl VmState {
             .map(|(s, e)| (s.max(ptr), e.end.min(ptr + size)))
             .collect();
         // No set-access is inside the range from here until it is marked dead.
-        let gate = pages.gate.lock();
+        let gate = pages.exclusive();
         // SAFETY: an exact live reservation, and `pieces` are all its mapped runs.
         unsafe { backend.release_mapped(ptr, size, &pieces)? };
         pages.kill();
@@ -358,7 +358,7 @@ impl VmState {
         end: usize,
     ) -> Result<()> {
         let pages = self.pages_at(start);
-        let _gate = pages.gate.lock();
+        let _gate = pages.exclusive();
         // SAFETY: every page of [start, end) is mapped (checked by the callers).
         unsafe { backend.unmap(start, end - start)? };
         pages.set_mapped(start, end, None);
@@ -532,7 +532,7 @@ impl VmState {
             )));
         }
         let pages = self.reservations[&base].pages.clone();
-        let gate = pages.gate.lock();
+        let gate = pages.exclusive();
         // SAFETY: validated: inside a reservation, unmapped, within the object.
         unsafe { backend.map(ptr, size, raw, offset, protection(access))? };
         pages.set_mapped(ptr, ptr + size, Some(access));
@@ -563,7 +563,7 @@ impl VmState {
             .map(|e| e.value.phys)
         {
             let pages = self.reservations[&base].pages.clone();
-            let _gate = pages.gate.lock();
+            let _gate = pages.exclusive();
             // SAFETY: [ptr, ptr+size) is one mapped run.
             unsafe { backend.unmap(ptr, size)? };
             pages.set_mapped(ptr, ptr + size, None);
