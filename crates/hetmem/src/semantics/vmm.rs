@@ -667,7 +667,7 @@ impl VmState {
                         runs += 1;
                     }
                     prev = st;
-                    i = p.run_end(i, lim, |x| x == st);
+                    i = p.run_end(i, lim, st);
                 }
                 at = stop;
             }
@@ -833,7 +833,7 @@ impl VmState {
                     if write { "writing" } else { "reading" }
                 )));
             }
-            i = p.run_end(i, lim, |x| x == st);
+            i = p.run_end(i, lim, st);
         }
         Some(Ok(()))
     }
