@@ -333,7 +333,7 @@ impl ReservationPages {
             let m = unit_mask(a, b, 8);
             let old = word.load(Ordering::Relaxed);
             // Release: a setter that claims these pages next sees the states.
-            word.store((old & !m) | (ONES * s as u64 & m), Ordering::Release);
+            word.store((old & !m) | ((ONES * s as u64) & m), Ordering::Release);
         }
     }
 
