@@ -316,6 +316,16 @@ impl ReservationPages {
     /// excludes every other writer, so a word's read-modify-write loses nothing), holding
     /// `gate` exclusive or shared with the pages claimed.
     fn store(&self, i: usize, j: usize, s: u8) {
+        // Pages of one word of an allocated chunk (a set-access of up to eight base pages).
+        if i < j && i / 8 == (j - 1) / 8 {
+            if let Some(c) = self.chunk(i) {
+                let word = &c.states[(i % CHUNK) / 8];
+                let m = unit_mask(i % 8, (j - 1) % 8 + 1, 8);
+                let old = word.load(Ordering::Relaxed);
+                word.store((old & !m) | ((ONES * s as u64) & m), Ordering::Release);
+                return;
+            }
+        }
         for (w, a, b) in word_pieces(i, j, 8) {
             let slot = &self.chunks[w * 8 / CHUNK];
             let c = match slot.get() {
