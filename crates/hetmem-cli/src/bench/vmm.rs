@@ -1,13 +1,15 @@
 //! `hetmem bench vmm`: Level Zero virtual memory against the bare syscalls it needs.
 
 use std::hint::black_box;
+use std::sync::Barrier;
 use std::time::Instant;
 
-use hetmem::{AccessAttribute, Context, Device, PhysicalMemoryFlags};
+use hetmem::{AccessAttribute, Context, Device, PhysicalMemoryFlags, Reservation};
 use rustix::mm::{MapFlags, MprotectFlags, ProtFlags};
 
 use super::{
-    alternate, e2s, key, median, raw_memfd, raw_release, raw_reserve, size_name, Args, Row, Unit,
+    alternate, e2s, json_extra, key, median, raw_memfd, raw_release, raw_reserve, size_name, Args,
+    Row, Unit,
 };
 
 pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
@@ -23,6 +25,7 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
         rows.push(set_access(&ctx, &dev, args, page)?);
     }
     rows.push(get_access_live(&ctx, &dev, args.live_mappings, n)?);
+    rows.extend(multi_thread(&ctx, &dev, args)?);
     Ok(rows)
 }
 
@@ -338,4 +341,182 @@ fn get_access_live(ctx: &Context, dev: &Device, live: usize, n: usize) -> Result
         baseline: "(absolute; no syscall needed)",
         target: Some("< 1000 ns"),
     })
+}
+
+/// Thread counts of the multi-thread rows.
+const MT_THREADS: [usize; 4] = [1, 2, 4, 8];
+/// Mapped pages per thread in the multi-thread rows (every other page of its span, as the
+/// single-thread row, so that no two mappings share a VMA).
+const MT_PAGES: usize = 32;
+
+/// Runs `op(thread, i)` for `i` in `0..n` on `threads` threads started together; returns the
+/// wall time per `i` (the time of one operation of every thread at once) in ns: from the first
+/// thread's start to the last one's end, each read by the threads themselves (thread start-up
+/// is not timed, and a descheduled main thread cannot shorten the span).
+fn run_threads(
+    threads: usize,
+    n: usize,
+    op: impl Fn(usize, usize) -> Result<(), String> + Sync,
+) -> Result<f64, String> {
+    let barrier = Barrier::new(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (barrier, op) = (&barrier, &op);
+                s.spawn(move || {
+                    barrier.wait();
+                    let start = Instant::now();
+                    (0..n).try_for_each(|i| op(t, i))?;
+                    Ok::<_, String>((start, Instant::now()))
+                })
+            })
+            .collect();
+        let mut span: Option<(Instant, Instant)> = None;
+        for h in handles {
+            let (a, b) = h
+                .join()
+                .map_err(|_| "a benchmark thread panicked".to_string())??;
+            span = Some(span.map_or((a, b), |(x, y)| (x.min(a), y.max(b))));
+        }
+        let (a, b) = span.expect("at least one thread");
+        Ok((b - a).as_nanos() as f64 / n as f64)
+    })
+}
+
+/// Set-access and get-access from 1, 2, 4 and 8 threads at once, each thread on its own
+/// reservation (`own`) or all on one (`shared`, each thread on its own pages). Set-access is
+/// measured against as many threads doing bare `mprotect` on the same layout (the ratio);
+/// get-access, which needs no syscall, absolutely, with its throughput over one thread's
+/// (`_speedup` in the JSON; the machine's cores bound it).
+fn multi_thread(ctx: &Context, dev: &Device, args: &Args) -> Result<Vec<Row>, String> {
+    let page = ctx.query_page_size(dev, 1).map_err(e2s)?;
+    let max_t = *MT_THREADS.iter().max().expect("thread counts");
+    // Every page is visited an even number of times per round (toggling RO / RW), so every
+    // call changes the attribute and each round starts where the last ended.
+    let n = args.iters.div_ceil(2 * MT_PAGES) * 2 * MT_PAGES;
+    let gets = (n * 32).max(8192);
+    let span = 2 * MT_PAGES * page;
+    let phys = ctx
+        .create_physical_memory(Some(dev), PhysicalMemoryFlags::AllocateOnDevice, page)
+        .map_err(e2s)?;
+    let fd = raw_memfd(page)?;
+    let own: Vec<Reservation> = (0..max_t)
+        .map(|_| ctx.reserve(None, span).map_err(e2s))
+        .collect::<Result<_, _>>()?;
+    let shared = ctx.reserve(None, max_t * span).map_err(e2s)?;
+    let own_raw: Vec<usize> = (0..max_t)
+        .map(|_| raw_reserve(span, page))
+        .collect::<Result<_, _>>()?;
+    let shared_raw = raw_reserve(max_t * span, page)?;
+    let mut hetmem_bases: Vec<usize> = own.iter().map(|r| r.base).collect();
+    hetmem_bases.extend((0..max_t).map(|t| shared.base + t * span));
+    let mut raw_bases = own_raw.clone();
+    raw_bases.extend((0..max_t).map(|t| shared_raw + t * span));
+    for (&h, &r) in hetmem_bases.iter().zip(&raw_bases) {
+        for i in 0..MT_PAGES {
+            ctx.map(h + 2 * i * page, page, phys, 0, AccessAttribute::ReadWrite)
+                .map_err(e2s)?;
+            // SAFETY: inside our raw reservation.
+            unsafe {
+                rustix::mm::mmap(
+                    (r + 2 * i * page) as *mut _,
+                    page,
+                    ProtFlags::READ | ProtFlags::WRITE,
+                    MapFlags::SHARED | MapFlags::FIXED | MapFlags::POPULATE,
+                    &fd,
+                    0,
+                )
+                .map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    let addr = |base: usize, i: usize| base + 2 * (i % MT_PAGES) * page;
+    let read_only = |i: usize| (i / MT_PAGES).is_multiple_of(2);
+    let mut rows = Vec::new();
+    for (mode, bases, raws) in [
+        ("own", &hetmem_bases[..max_t], &raw_bases[..max_t]),
+        ("shared", &hetmem_bases[max_t..], &raw_bases[max_t..]),
+    ] {
+        let mut get_1t = None;
+        for threads in MT_THREADS {
+            let (h, b) = alternate(
+                args.rounds,
+                || {
+                    run_threads(threads, n, |t, i| {
+                        let a = if read_only(i) {
+                            AccessAttribute::ReadOnly
+                        } else {
+                            AccessAttribute::ReadWrite
+                        };
+                        ctx.set_access_attribute(addr(bases[t], i), page, a)
+                            .map_err(e2s)
+                    })
+                },
+                || {
+                    run_threads(threads, n, |t, i| {
+                        let a = if read_only(i) {
+                            MprotectFlags::READ
+                        } else {
+                            MprotectFlags::READ | MprotectFlags::WRITE
+                        };
+                        // SAFETY: our own raw mapping.
+                        unsafe { rustix::mm::mprotect(addr(raws[t], i) as *mut _, page, a) }
+                            .map_err(|e| e.to_string())
+                    })
+                },
+            )?;
+            let size = size_name(page);
+            rows.push(Row {
+                unit: Unit::Ns,
+                op: leak(format!("set-access {threads}t {mode}")),
+                size,
+                key: format!("set_access_{threads}t_{mode}_{}", size.to_ascii_lowercase()),
+                hetmem_ns: h,
+                baseline_ns: Some(b),
+                baseline: "mprotect from as many threads",
+                target: Some("<= 1.1x"),
+            });
+            let mut rounds = Vec::new();
+            for _ in 0..=args.rounds {
+                rounds.push(run_threads(threads, gets, |t, i| {
+                    black_box(
+                        ctx.get_access_attribute(addr(bases[t], i), page)
+                            .map_err(e2s)?,
+                    );
+                    Ok(())
+                })?);
+            }
+            // The first round warms up.
+            rounds.remove(0);
+            let g = median(rounds);
+            let get_key = format!("get_access_{threads}t_{mode}");
+            let one = *get_1t.get_or_insert(g);
+            // Calls per second of all threads over one thread's.
+            json_extra(&format!("{get_key}_speedup"), threads as f64 * one / g);
+            rows.push(Row {
+                unit: Unit::Ns,
+                op: leak(format!("get-access {threads}t {mode}")),
+                size,
+                key: get_key,
+                hetmem_ns: g,
+                baseline_ns: None,
+                baseline: "(absolute: wall ns per call of every thread)",
+                target: None,
+            });
+        }
+    }
+    for r in own.into_iter().chain([shared]) {
+        ctx.free_reservation(r).map_err(e2s)?;
+    }
+    ctx.destroy_physical_memory(phys).map_err(e2s)?;
+    for r in own_raw {
+        raw_release(r, span);
+    }
+    raw_release(shared_raw, max_t * span);
+    Ok(rows)
+}
+
+/// A row name made at run time (the table holds `&'static str`; a handful per run).
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
 }

@@ -281,6 +281,10 @@ impl CommandQueue {
         let usm = d.usm.read();
         let vm = d.vm.read();
         let views = crate::ipc::views(d);
+        // As `check_all`: the reservation's gate, so no set-access slips in (see
+        // `crate::semantics::access`).
+        let gates = vm.gates_for([ptr]);
+        let _held: Vec<_> = gates.iter().map(|p| p.exclusive()).collect();
         let r = check_operand(&usm, &vm, &views, Operand { ptr, size, write })?;
         d.inflight.acquire(&[r]);
         Ok(HeldOperand {

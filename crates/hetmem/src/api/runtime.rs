@@ -155,10 +155,12 @@ impl RuntimeBuilder {
         let vm = VmState::new(backend.as_ref(), devmem.clone());
         let managed = crate::semantics::managed::ManagedState::new(devmem.clone());
         let usm = UsmState::new(backend.as_ref(), devmem);
+        let vm_index = vm.index.clone();
         let shared = Arc::new(DriverShared {
             config,
             backend,
             vm: RwLock::new(vm),
+            vm_index,
             usm: RwLock::new(usm),
             inflight: crate::semantics::inflight::InFlight::default(),
             managed,

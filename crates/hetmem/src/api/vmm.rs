@@ -171,11 +171,7 @@ impl Context {
         size: usize,
         access: AccessAttribute,
     ) -> Result<()> {
-        let d = self.d();
-        crate::semantics::driver::vm_write_unreferenced(d, |vm| {
-            crate::semantics::driver::reservation_at(vm, ptr)
-        })
-        .set_access(d.backend.as_ref(), self.id(), ptr, size, access)
+        crate::semantics::driver::set_access(self.d(), self.id(), ptr, size, access)
     }
 
     /// The access attribute of the page at `ptr`, and the length in bytes from `ptr` (capped at
@@ -188,6 +184,6 @@ impl Context {
         ptr: usize,
         size: usize,
     ) -> Result<(AccessAttribute, usize)> {
-        self.d().vm.read().get_access(self.id(), ptr, size)
+        self.d().vm_index.get_access(self.id(), ptr, size)
     }
 }

@@ -1,22 +1,29 @@
 //! The state of one driver that every semantics module works on: the backend, the
 //! virtual-memory and USM bookkeeping, the in-flight references of queued work, managed memory.
-//! Lock order: `usm` before `vm`; `managed` is never held with either.
+//! Lock order: `usm` before `vm` before a reservation's gate
+//! ([`crate::semantics::access`]) before `inflight`; `managed` is never held with either.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use parking_lot::RwLock;
 
 use crate::backend::Backend;
 use crate::config::BackendConfig;
+use crate::error::Result;
+use crate::semantics::access::{ReservationIndex, SetOutcome};
 use crate::semantics::inflight::InFlightRef;
 use crate::semantics::usm::UsmState;
-use crate::semantics::vmm::VmState;
+use crate::semantics::vmm::{AccessAttribute, VmState};
 
 #[derive(Debug)]
 pub(crate) struct DriverShared {
     pub(crate) config: BackendConfig,
     pub(crate) backend: Box<dyn Backend>,
     pub(crate) vm: RwLock<VmState>,
+    /// `vm`'s reservation page tables, for the access calls, which take no `vm` lock
+    /// ([`crate::semantics::access`]).
+    pub(crate) vm_index: Arc<ReservationIndex>,
     /// USM allocations and imports. Lock order: `usm` before `vm` when both are held (an
     /// import checks that it overlaps no reservation); never take `usm` while holding `vm`.
     pub(crate) usm: RwLock<UsmState>,
@@ -63,4 +70,31 @@ pub(crate) fn reservation_at(vm: &VmState, ptr: usize) -> Vec<usize> {
         .map(|i| i.reservation.0)
         .into_iter()
         .collect()
+}
+
+/// `zeVirtualMemSetAccessAttribute` without the `vm` lock ([`crate::semantics::access`]): finds
+/// and validates the range, takes its reservation's gate (shared), and protects its mapped
+/// pages. While queued or running work references the reservation, drops the gate, waits for
+/// it (no lock held) and starts again. Submissions record their references under the gates
+/// (exclusive) of the reservations they use, so under ours no new reference to it can appear;
+/// if none is recorded driver-wide, ours has none (the fast path).
+pub(crate) fn set_access(
+    d: &DriverShared,
+    context: u64,
+    ptr: usize,
+    size: usize,
+    access: AccessAttribute,
+) -> Result<()> {
+    loop {
+        let pages = d.vm_index.find(context, ptr, size)?;
+        let busy = InFlightRef::Reservation(pages.base);
+        let referenced = || {
+            d.inflight.reservations.load(Ordering::Acquire) != 0
+                && d.inflight.is_referenced_ref(busy)
+        };
+        match pages.set_access(d.backend.as_ref(), ptr, size, access, referenced)? {
+            SetOutcome::Done => return Ok(()),
+            SetOutcome::Referenced => d.inflight.wait_unreferenced_ref(busy),
+        }
+    }
 }

@@ -34,7 +34,8 @@ pub(crate) struct InFlight {
     pub(crate) waiters: AtomicU64,
     /// Distinct reservations referenced by in-flight work. Changed only under `state`; read
     /// without it by [`vm_write_unreferenced`]'s fast path, under the vm write lock (which no
-    /// submission holds, so the count cannot grow then).
+    /// submission holds, so the count cannot grow then), and by set-access's, under the
+    /// reservation's gate (which a submission that references it holds while it does).
     pub(crate) reservations: AtomicU64,
 }
 

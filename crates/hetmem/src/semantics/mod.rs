@@ -12,6 +12,7 @@
 //! |---|---|
 //! | [`ranges`] | sorted non-overlapping ranges with split / merge (the bookkeeping structure) |
 //! | [`capacity`] | per-device capacity counters |
+//! | [`access`] | per-page access attributes of reservations, read and written without the driver's lock |
 //! | [`vmm`] | reservations, physical memory, mappings, access attributes |
 //! | [`usm`] | host / device / shared allocations, imports of system memory, pending frees |
 //! | [`managed`] | ACL managed memory: argument rules, advice records, attributes, stream holds (residency is the backend's) |
@@ -21,6 +22,7 @@
 //! | [`ipc`] | the IPC handle format, exports, opens, range handles |
 //! | [`acl`] | ACL argument rules that are no family's state (sizes, counts, flags, properties) |
 
+pub(crate) mod access;
 pub mod acl;
 pub(crate) mod capacity;
 pub(crate) mod driver;

@@ -177,6 +177,14 @@ pub(crate) fn check_all(d: &DriverShared, cmds: &[Cmd], hold: bool) -> Result<Ve
     let usm = d.usm.read();
     let vm = d.vm.read();
     let views = crate::ipc::views(d);
+    // The gates of the reservations the operands lie in, in address order: no set-access on
+    // them runs between the access check and the references (see `crate::semantics::access`).
+    let gates = if hold {
+        vm.gates_for(cmds.iter().flat_map(|c| c.operands()).map(|op| op.ptr))
+    } else {
+        Vec::new()
+    };
+    let _held: Vec<_> = gates.iter().map(|p| p.exclusive()).collect();
     let mut ids = Vec::new();
     for c in cmds {
         for op in c.operands() {

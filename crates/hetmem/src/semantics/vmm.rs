@@ -38,24 +38,26 @@
 //! it). The wait holds no lock, so other calls and the engines go on; calls on other
 //! reservations and map never wait. `zePhysicalMemDestroy` of an object in use is already
 //! refused: it is mapped, so `HandleObjectInUse`.
+//!
+//! # Access attributes
+//! Per-page attributes live in each reservation's page table ([`crate::semantics::access`]),
+//! not in the mapped runs: set-access and get-access take no `vm` lock (the spec asks them to
+//! be lock-free). Map, unmap and free change a reservation's table under its gate, after the
+//! `vm` write lock; set-access takes only the gate, and checks the in-flight references of
+//! queued work under it ([`crate::semantics::driver::set_access`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::backend::{Backend, PhysicalLocation, Protection, RawPhysical};
+use crate::backend::{Backend, PhysicalLocation, RawPhysical};
 use crate::error::{Addr, Error, Result};
+pub(crate) use crate::semantics::access::{
+    aligned, nonzero, null_check, protection, size_multiple,
+};
+use crate::semantics::access::{ReservationIndex, ReservationPages, UNMAPPED};
 use crate::semantics::capacity::{Charge, DeviceMemory};
 use crate::semantics::ranges::{RangeMap, Splittable};
 pub use crate::spec::{AccessAttribute, PhysicalMemoryFlags};
-
-/// The backend protection that implements an access attribute.
-pub(crate) fn protection(a: AccessAttribute) -> Protection {
-    match a {
-        AccessAttribute::None => Protection::None,
-        AccessAttribute::ReadWrite => Protection::ReadWrite,
-        AccessAttribute::ReadOnly => Protection::ReadOnly,
-    }
-}
 
 /// 64 KiB, the page size the query answers below 2 MiB.
 pub const PAGE_64K: usize = 64 << 10;
@@ -102,12 +104,13 @@ pub struct PhysicalMemory {
     pub size: usize,
 }
 
-/// A mapped run of pages: which physical object, at which offset, with which access.
+/// A mapped run of pages: which physical object, at which offset. The pages' access
+/// attributes are in their reservation's table ([`ReservationPages`]), which the access calls
+/// read and write without the driver's lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Mapped {
     pub phys: u64,
     pub offset: usize,
-    pub access: AccessAttribute,
 }
 
 impl Splittable for Mapped {
@@ -118,7 +121,7 @@ impl Splittable for Mapped {
         }
     }
     fn joins(&self, len: usize, next: &Self) -> bool {
-        self.phys == next.phys && self.access == next.access && self.offset + len == next.offset
+        self.phys == next.phys && self.offset + len == next.offset
     }
 }
 
@@ -126,6 +129,8 @@ impl Splittable for Mapped {
 pub(crate) struct ReservationRec {
     pub(crate) size: usize,
     pub(crate) context: u64,
+    /// Its page table, also in [`VmState::index`].
+    pub(crate) pages: Arc<ReservationPages>,
 }
 
 #[derive(Debug)]
@@ -193,52 +198,24 @@ pub(crate) struct VmState {
     pub(crate) devmem: Arc<DeviceMemory>,
     pub(crate) min_page: Vec<usize>,
     pub(crate) host_used: u64,
-}
-
-pub(crate) fn null_check(ptr: usize, what: &str) -> Result<()> {
-    if ptr == 0 {
-        return Err(Error::InvalidNullPointer(format!("{what} is null")));
-    }
-    Ok(())
-}
-
-pub(crate) fn nonzero(size: usize, what: &str) -> Result<()> {
-    if size == 0 {
-        return Err(Error::UnsupportedSize(format!("{what} is 0")));
-    }
-    Ok(())
-}
-
-/// `UnsupportedSize` unless `size` is a multiple of `page`.
-pub(crate) fn size_multiple(size: usize, page: usize, what: &str) -> Result<()> {
-    if !size.is_multiple_of(page) {
-        return Err(Error::UnsupportedSize(format!(
-            "{what} {size:#x} is not a multiple of its page size {page:#x}"
-        )));
-    }
-    Ok(())
-}
-
-/// `UnsupportedAlignment` unless `value` is a multiple of `page`.
-pub(crate) fn aligned(value: usize, page: usize, what: &str) -> Result<()> {
-    if !value.is_multiple_of(page) {
-        return Err(Error::UnsupportedAlignment(format!(
-            "{what} {value:#x} is not aligned to the page size {page:#x}"
-        )));
-    }
-    Ok(())
+    /// The reservations' page tables by base, for the access calls, which take no `vm` lock
+    /// ([`crate::semantics::access`]). Written here, under the `vm` write lock.
+    pub(crate) index: Arc<ReservationIndex>,
 }
 
 impl VmState {
     pub(crate) fn new(backend: &dyn Backend, devmem: Arc<DeviceMemory>) -> VmState {
         let d = backend.devices();
+        let min_page: Vec<usize> = d.iter().map(|d| d.min_page_size).collect();
+        let floor = min_page.iter().copied().max().unwrap_or(4096);
         VmState {
             reservations: Default::default(),
             mapped: RangeMap::new(),
             physical: HashMap::new(),
             devmem,
-            min_page: d.iter().map(|d| d.min_page_size).collect(),
+            min_page,
             host_used: 0,
+            index: Arc::new(ReservationIndex::new(page_size_for(floor, 1))),
         }
     }
 
@@ -278,26 +255,13 @@ impl VmState {
         ptr: usize,
         size: usize,
     ) -> Result<usize> {
-        let end = ptr.checked_add(size).ok_or_else(|| {
-            Error::InvalidArgument(format!("range {} + {size:#x} overflows", Addr(ptr)))
-        })?;
-        match self.reservations.range(..=ptr).next_back() {
-            Some((&b, r)) if r.context == context && end <= b + r.size && ptr < b + r.size => Ok(b),
-            Some((&b, r)) if r.context == context && ptr < b + r.size => {
-                Err(Error::InvalidArgument(format!(
-                    "range [{}, {}) runs past the end of reservation [{}, {})",
-                    Addr(ptr),
-                    Addr(end),
-                    Addr(b),
-                    Addr(b + r.size)
-                )))
-            }
-            _ => Err(Error::InvalidArgument(format!(
-                "range [{}, {}) is not inside a reservation of this context",
-                Addr(ptr),
-                Addr(end)
-            ))),
-        }
+        let found = self.reservations.range(..=ptr).next_back();
+        crate::semantics::access::containing(
+            found.map(|(&b, r)| (b, r.size, r.context)),
+            context,
+            ptr,
+            size,
+        )
     }
 
     pub(crate) fn check_base_aligned(&self, ptr: usize, size: usize) -> Result<()> {
@@ -325,8 +289,16 @@ impl VmState {
         let hint = (hint != 0 && hint.is_multiple_of(page)).then_some(hint);
         // SAFETY: the backend only creates a new placeholder; it never replaces a mapping.
         let base = unsafe { backend.reserve(hint, size, page)? };
-        self.reservations
-            .insert(base, ReservationRec { size, context });
+        let pages = Arc::new(ReservationPages::new(base, size, context, self.base_page()));
+        self.index.insert(pages.clone());
+        self.reservations.insert(
+            base,
+            ReservationRec {
+                size,
+                context,
+                pages,
+            },
+        );
         Ok(Reservation { base, size })
     }
 
@@ -340,8 +312,8 @@ impl VmState {
     ) -> Result<()> {
         null_check(ptr, "reservation pointer")?;
         nonzero(size, "free size")?;
-        match self.reservations.get(&ptr) {
-            Some(r) if r.context == context && r.size == size => {}
+        let pages = match self.reservations.get(&ptr) {
+            Some(r) if r.context == context && r.size == size => r.pages.clone(),
             Some(r) if r.context == context => {
                 return Err(Error::InvalidArgument(format!(
                     "size {size:#x} is not the size {:#x} of the reservation at {}",
@@ -355,15 +327,20 @@ impl VmState {
                     Addr(ptr)
                 )))
             }
-        }
+        };
         // Clipped: a run may continue into an adjacent reservation (runs coalesce across them).
         let pieces: Vec<(usize, usize)> = self
             .mapped
             .overlapping(ptr, ptr + size)
             .map(|(s, e)| (s.max(ptr), e.end.min(ptr + size)))
             .collect();
+        // No set-access is inside the range from here until it is marked dead.
+        let gate = pages.exclusive();
         // SAFETY: an exact live reservation, and `pieces` are all its mapped runs.
         unsafe { backend.release_mapped(ptr, size, &pieces)? };
+        pages.kill();
+        drop(gate);
+        self.index.remove(ptr);
         for (s, e) in self.mapped.remove(ptr, ptr + size) {
             if let Some(p) = self.physical.get_mut(&e.value.phys) {
                 p.mapped -= e.end - s;
@@ -380,8 +357,11 @@ impl VmState {
         start: usize,
         end: usize,
     ) -> Result<()> {
+        let pages = self.pages_at(start);
+        let _gate = pages.exclusive();
         // SAFETY: every page of [start, end) is mapped (checked by the callers).
         unsafe { backend.unmap(start, end - start)? };
+        pages.set_mapped(start, end, None);
         for (s, e) in self.mapped.remove(start, end) {
             if let Some(p) = self.physical.get_mut(&e.value.phys) {
                 p.mapped -= e.end - s;
@@ -541,7 +521,7 @@ impl VmState {
                 phys_size
             )));
         }
-        self.containing_reservation(context, ptr, size)?;
+        let base = self.containing_reservation(context, ptr, size)?;
         if let Some((s, e)) = self.mapped.last_overlap(ptr, ptr + size) {
             return Err(Error::InvalidArgument(format!(
                 "range [{}, {}) overlaps the mapping [{}, {})",
@@ -551,18 +531,14 @@ impl VmState {
                 Addr(e.end)
             )));
         }
+        let pages = self.reservations[&base].pages.clone();
+        let gate = pages.exclusive();
         // SAFETY: validated: inside a reservation, unmapped, within the object.
         unsafe { backend.map(ptr, size, raw, offset, protection(access))? };
+        pages.set_mapped(ptr, ptr + size, Some(access));
+        drop(gate);
         self.physical.get_mut(&phys).expect("checked").mapped += size;
-        self.mapped.insert(
-            ptr,
-            ptr + size,
-            Mapped {
-                phys,
-                offset,
-                access,
-            },
-        );
+        self.mapped.insert(ptr, ptr + size, Mapped { phys, offset });
         self.mapped.join_neighbours(ptr);
         Ok(())
     }
@@ -578,7 +554,7 @@ impl VmState {
         null_check(ptr, "unmap address")?;
         nonzero(size, "unmap size")?;
         self.check_base_aligned(ptr, size)?;
-        self.containing_reservation(context, ptr, size)?;
+        let base = self.containing_reservation(context, ptr, size)?;
         // Fast path: exactly one whole mapped run.
         if let Some(phys) = self
             .mapped
@@ -586,8 +562,11 @@ impl VmState {
             .filter(|e| e.end == ptr + size)
             .map(|e| e.value.phys)
         {
+            let pages = self.reservations[&base].pages.clone();
+            let _gate = pages.exclusive();
             // SAFETY: [ptr, ptr+size) is one mapped run.
             unsafe { backend.unmap(ptr, size)? };
+            pages.set_mapped(ptr, ptr + size, None);
             self.mapped.remove_exact(ptr);
             if let Some(p) = self.physical.get_mut(&phys) {
                 p.mapped -= size;
@@ -604,99 +583,6 @@ impl VmState {
         }
         // Removing pages never makes two runs adjacent, so nothing to coalesce.
         self.unmap_run(backend, ptr, ptr + size)
-    }
-
-    /// `zeVirtualMemSetAccessAttribute`: applies to the mapped pages of the range; unmapped
-    /// pages inside the reservation have no memory and stay NONE.
-    pub(crate) fn set_access(
-        &mut self,
-        backend: &dyn Backend,
-        context: u64,
-        ptr: usize,
-        size: usize,
-        access: AccessAttribute,
-    ) -> Result<()> {
-        null_check(ptr, "address")?;
-        nonzero(size, "size")?;
-        self.check_base_aligned(ptr, size)?;
-        self.containing_reservation(context, ptr, size)?;
-        let end = ptr + size;
-        // Fast path: the range lies inside one mapped run (one protect, no rollback list).
-        let run = match self.mapped.get_exact(ptr) {
-            Some(e) => Some((e.end, e.value.access)),
-            None => self.mapped.get(ptr).map(|(_, e)| (e.end, e.value.access)),
-        };
-        if let Some((_, old)) = run.filter(|&(run_end, _)| run_end >= end) {
-            if old != access {
-                // SAFETY: [ptr, end) is mapped.
-                if let Err(err) = unsafe { backend.protect(ptr, size, protection(access)) } {
-                    // mprotect may have changed part of the range before failing: put it back.
-                    // SAFETY: same mapped range.
-                    unsafe { backend.protect(ptr, size, protection(old)).ok() };
-                    return Err(err.into());
-                }
-                self.mapped.update(ptr, end, |m| m.access = access);
-            }
-            return Ok(());
-        }
-        // Runs to change, clipped to the range, with their old attribute for rollback.
-        let runs: Vec<(usize, usize, AccessAttribute)> = self
-            .mapped
-            .overlapping(ptr, end)
-            .filter(|(_, e)| e.value.access != access)
-            .map(|(s, e)| (s.max(ptr), e.end.min(end), e.value.access))
-            .collect();
-        for (i, &(s, e, _)) in runs.iter().enumerate() {
-            // SAFETY: [s, e) is mapped.
-            if let Err(err) = unsafe { backend.protect(s, e - s, protection(access)) } {
-                // The failing run may be partly changed too: put it back with the others.
-                for &(s, e, old) in &runs[..=i] {
-                    // SAFETY: same mapped runs, put back as they were.
-                    unsafe { backend.protect(s, e - s, protection(old)).ok() };
-                }
-                return Err(err.into());
-            }
-        }
-        if !runs.is_empty() {
-            self.mapped.update(ptr, end, |m| m.access = access);
-        }
-        Ok(())
-    }
-
-    /// `zeVirtualMemGetAccessAttribute`: the attribute of the page at `ptr` and the length from
-    /// `ptr` (capped at `size`) of pages that share it. Unmapped pages are NONE.
-    pub(crate) fn get_access(
-        &self,
-        context: u64,
-        ptr: usize,
-        size: usize,
-    ) -> Result<(AccessAttribute, usize)> {
-        null_check(ptr, "address")?;
-        nonzero(size, "size")?;
-        self.check_base_aligned(ptr, size)?;
-        self.containing_reservation(context, ptr, size)?;
-        let end = ptr + size;
-        let first = self.mapped.get(ptr).map(|(_, e)| e.value.access);
-        let access = first.unwrap_or_default();
-        let mut at = ptr;
-        for (s, e) in self.mapped.overlapping(ptr, end) {
-            if s > at {
-                // A hole: NONE.
-                if access != AccessAttribute::None {
-                    break;
-                }
-            }
-            if e.value.access != access {
-                at = at.max(s);
-                return Ok((access, at - ptr));
-            }
-            at = e.end.min(end);
-        }
-        if at < end && access != AccessAttribute::None {
-            // Pages after the last run are unmapped, so NONE.
-            return Ok((access, at - ptr));
-        }
-        Ok((access, size))
     }
 
     /// Bases of the reservations of `context` (teardown waits for in-flight work on them).
@@ -734,12 +620,67 @@ impl VmState {
         }
     }
 
+    /// The page table of the reservation containing `addr`, which the caller knows exists.
+    pub(crate) fn pages_at(&self, addr: usize) -> Arc<ReservationPages> {
+        let (_, r) = self
+            .reservations
+            .range(..=addr)
+            .next_back()
+            .expect("inside a reservation");
+        r.pages.clone()
+    }
+
+    /// The page tables of the reservations containing any of `addrs`, by base, once each:
+    /// queue submission holds their gates while it checks access and records its references
+    /// (see [`crate::semantics::access`]).
+    pub(crate) fn gates_for(
+        &self,
+        addrs: impl IntoIterator<Item = usize>,
+    ) -> Vec<Arc<ReservationPages>> {
+        let mut v: Vec<Arc<ReservationPages>> = addrs
+            .into_iter()
+            .filter_map(|a| {
+                let (&b, r) = self.reservations.range(..=a).next_back()?;
+                (a < b + r.size).then(|| r.pages.clone())
+            })
+            .collect();
+        v.sort_unstable_by_key(|p| p.base);
+        v.dedup_by_key(|p| p.base);
+        v
+    }
+
+    /// Mapped runs as counted before access attributes left [`Mapped`]: maximal runs of one
+    /// physical object at consecutive offsets *and* one access attribute.
+    fn mapped_runs(&self) -> usize {
+        let mut runs = 0;
+        for (s, e) in self.mapped.iter() {
+            runs += 1;
+            let mut prev = UNMAPPED;
+            let mut at = s;
+            while at < e.end {
+                let p = self.pages_at(at);
+                let stop = e.end.min(p.base + p.size);
+                let (mut i, lim) = (p.index(at), p.index(stop));
+                while i < lim {
+                    let st = p.state(i);
+                    if prev != UNMAPPED && st != prev {
+                        runs += 1;
+                    }
+                    prev = st;
+                    i = p.run_end(i, lim, st);
+                }
+                at = stop;
+            }
+        }
+        runs
+    }
+
     pub(crate) fn stats(&self) -> VmStats {
         VmStats {
             reservations: self.reservations.len(),
             reserved_bytes: self.reservations.values().map(|r| r.size).sum(),
             physical_objects: self.physical.len(),
-            mapped_runs: self.mapped.len(),
+            mapped_runs: self.mapped_runs(),
             mapped_bytes: self.mapped.iter().map(|(s, e)| e.end - s).sum(),
             devices: (0..self.devmem.len())
                 .map(|i| DeviceUsage {
@@ -868,12 +809,18 @@ impl VmState {
             )));
         }
         let end = end.max(ptr + 1);
-        let mut at = ptr;
-        for (s, e) in self.mapped.overlapping(ptr, end) {
-            if s > at {
-                break;
+        // Read under the reservation's gate when the caller records references (queue
+        // submission), so no set-access changes them until then.
+        let p = &r.pages;
+        let (mut i, lim) = (p.index(ptr), p.index(end - 1) + 1);
+        while i < lim {
+            let st = p.state(i);
+            let at = (p.base + i * p.page()).max(ptr);
+            if st == UNMAPPED {
+                return Some(Err(format!("page at {} is not mapped", Addr(at))));
             }
-            let ok = match e.value.access {
+            let access = crate::semantics::access::attr_of(st);
+            let ok = match access {
                 AccessAttribute::None => false,
                 AccessAttribute::ReadOnly => !write,
                 AccessAttribute::ReadWrite => true,
@@ -882,16 +829,13 @@ impl VmState {
                 return Some(Err(format!(
                     "page at {} has access {:?}, which does not allow {}",
                     Addr(at),
-                    e.value.access,
+                    access,
                     if write { "writing" } else { "reading" }
                 )));
             }
-            at = e.end;
-            if at >= end {
-                return Some(Ok(()));
-            }
+            i = p.run_end(i, lim, st);
         }
-        Some(Err(format!("page at {} is not mapped", Addr(at))))
+        Some(Ok(()))
     }
 }
 
