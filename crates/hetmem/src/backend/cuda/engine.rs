@@ -42,26 +42,20 @@ pub(crate) struct CudaEngine {
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-/// A context handle that may move to the dispatch thread: primary contexts are process-wide
-/// and usable from any thread once made current there.
-struct SendCtx(CUcontext);
-// SAFETY: see above; the driver's context handles are valid on every thread of the process.
-unsafe impl Send for SendCtx {}
-
 impl CudaEngine {
-    /// Starts the dispatch thread for device `device` (context `ctx`), which creates the
+    /// Starts the dispatch thread for device `device` (its context from `contexts`, which the
+    /// engine's threads keep alive), which creates the
     /// stream; fails if the stream cannot be created.
-    pub(crate) fn new(device: u32, ctx: CUcontext) -> Result<CudaEngine> {
+    pub(crate) fn new(device: u32, contexts: Arc<super::Contexts>) -> Result<CudaEngine> {
         let (tx, rx) = channel::<Vec<EngineOp>>();
         let (ready_tx, ready_rx) = channel::<Result<()>>();
         let closing = Arc::new(AtomicBool::new(false));
         let c = closing.clone();
-        let ctx = SendCtx(ctx);
         let thread = std::thread::Builder::new()
             .name(format!("hetmem-cuda{device}"))
             .spawn(move || {
-                let ctx = ctx;
-                let stream = match driver::set_current(ctx.0).and_then(|()| stream_create()) {
+                let ctx = contexts.get(device);
+                let stream = match driver::set_current(ctx).and_then(|()| stream_create()) {
                     Ok(s) => s,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -69,10 +63,10 @@ impl CudaEngine {
                     }
                 };
                 let (done_tx, done_rx) = channel::<Completion>();
-                let completer = SendCtx(ctx.0);
+                let completer = contexts.clone();
                 let completion = std::thread::Builder::new()
                     .name(format!("hetmem-cuda{device}-done"))
-                    .spawn(move || complete(completer, done_rx));
+                    .spawn(move || complete(completer.get(device), &completer, done_rx));
                 let completion = match completion {
                     Ok(t) => t,
                     Err(e) => {
@@ -160,8 +154,9 @@ fn record(stream: sys::CUstream) -> Option<SendEvent> {
 
 /// The completion thread: waits for each event in order (`cuEventSynchronize`), then runs its
 /// host work.
-fn complete(ctx: SendCtx, rx: Receiver<Completion>) {
-    let _ = driver::set_current(ctx.0);
+/// `_alive` keeps the context retained while this thread runs.
+fn complete(ctx: CUcontext, _alive: &super::Contexts, rx: Receiver<Completion>) {
+    let _ = driver::set_current(ctx);
     while let Ok(c) = rx.recv() {
         if let Some(SendEvent(e)) = c.event {
             // SAFETY: an event recorded on our stream, destroyed once.

@@ -52,7 +52,7 @@ struct State {
 
 /// The cuda backend's managed memory.
 pub(crate) struct CudaManaged {
-    ctx: super::Contexts,
+    ctx: std::sync::Arc<super::Contexts>,
     devices: usize,
     page: usize,
     state: Mutex<State>,
@@ -92,7 +92,7 @@ impl CudaManaged {
     /// (`CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY`, `..._CONCURRENT_MANAGED_ACCESS`) and makes the
     /// stream. `Err` says what is missing.
     pub(crate) fn new(
-        ctx: super::Contexts,
+        ctx: std::sync::Arc<super::Contexts>,
         handles: &[driver::CUdevice],
         page: usize,
     ) -> std::result::Result<CudaManaged, String> {
@@ -114,7 +114,7 @@ impl CudaManaged {
                 }
             }
         }
-        driver::set_current(ctx.0[0]).map_err(|e| e.to_string())?;
+        driver::set_current(ctx.get(0)).map_err(|e| e.to_string())?;
         let mut s = std::ptr::null_mut();
         // SAFETY: valid out-pointer; flag 1 is CU_STREAM_NON_BLOCKING.
         driver::check(
@@ -139,7 +139,7 @@ impl CudaManaged {
     }
 
     fn bind(&self) -> Result<()> {
-        driver::set_current(self.ctx.0[0])
+        driver::set_current(self.ctx.get(0))
     }
 
     /// Runs `f` on the module's stream and waits for it (`cuStreamSynchronize`).

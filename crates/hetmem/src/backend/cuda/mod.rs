@@ -37,6 +37,7 @@ mod managed;
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use cudarc::driver::sys;
 use parking_lot::Mutex;
@@ -69,17 +70,40 @@ enum Alloc {
     Managed { base: usize },
 }
 
-/// The raw context handles, shared by every thread of the process.
-#[derive(Clone)]
-struct Contexts(Vec<driver::CUcontext>);
+/// The primary contexts this backend retained (`cuDevicePrimaryCtxRetain`), one per device,
+/// shared (`Arc`) by the backend, its engines and its managed memory: the last of them to go
+/// releases them (`cuDevicePrimaryCtxRelease`), so no thread ever binds a released context.
+pub(crate) struct Contexts {
+    ctx: Vec<driver::CUcontext>,
+    devices: Vec<driver::CUdevice>,
+}
 // SAFETY: primary contexts are process-wide objects; the driver accepts them from any thread.
 unsafe impl Send for Contexts {}
 // SAFETY: as above; they are only read.
 unsafe impl Sync for Contexts {}
 
+impl Contexts {
+    /// Device `d`'s primary context.
+    pub(crate) fn get(&self, d: u32) -> driver::CUcontext {
+        self.ctx[d as usize]
+    }
+}
+
+impl Drop for Contexts {
+    fn drop(&mut self) {
+        for d in &self.devices {
+            // SAFETY: retained once by `CudaBackend::new`, released once here, after every
+            // user of the contexts (they hold this `Arc`) is gone.
+            unsafe {
+                let _ = sys::cuDevicePrimaryCtxRelease_v2(*d);
+            }
+        }
+    }
+}
+
 impl std::fmt::Debug for Contexts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} primary contexts", self.0.len())
+        write!(f, "{} primary contexts", self.ctx.len())
     }
 }
 
@@ -88,7 +112,7 @@ impl std::fmt::Debug for Contexts {
 pub(crate) struct CudaBackend {
     devices: Vec<DeviceInfo>,
     handles: Vec<driver::CUdevice>,
-    contexts: Contexts,
+    contexts: Arc<Contexts>,
     /// `reach[d]`: the devices that can reach memory of device `d` (itself and its peers).
     reach: Vec<Vec<u32>>,
     granule: usize,
@@ -108,7 +132,10 @@ impl CudaBackend {
         let e = |e: HalError| e.to_string();
         let mut devices = Vec::new();
         let mut handles = Vec::new();
-        let mut contexts = Vec::new();
+        let mut contexts = Contexts {
+            ctx: Vec::new(),
+            devices: Vec::new(),
+        };
         let mut granule = 0usize;
         for i in 0..count {
             let d = driver::device(i).map_err(e)?;
@@ -132,7 +159,8 @@ impl CudaBackend {
                 min_page_size: g,
             });
             handles.push(d);
-            contexts.push(driver::primary_context(d).map_err(e)?);
+            contexts.ctx.push(driver::primary_context(d).map_err(e)?);
+            contexts.devices.push(d);
         }
         // One page size for every device and the host, so that any granule maps anywhere.
         for d in &mut devices {
@@ -164,7 +192,7 @@ impl CudaBackend {
         let b = CudaBackend {
             devices,
             handles,
-            contexts: Contexts(contexts),
+            contexts: Arc::new(contexts),
             reach,
             granule,
             describe,
@@ -179,7 +207,7 @@ impl CudaBackend {
 
     /// Makes device `d`'s primary context current on the calling thread.
     fn bind(&self, d: u32) -> Result<()> {
-        driver::set_current(self.contexts.0[d as usize])
+        driver::set_current(self.contexts.get(d))
     }
 
     /// The access descriptors for memory at `loc` with protection `prot`: every device that
@@ -236,19 +264,6 @@ impl CudaBackend {
             unsafe { driver::set_access(s, e - s, &self.access(loc, prot))? };
         }
         Ok(())
-    }
-}
-
-impl Drop for CudaBackend {
-    /// Releases the primary contexts retained by [`CudaBackend::new`]
-    /// (`cuDevicePrimaryCtxRelease`); the last release of a context frees what is left in it.
-    fn drop(&mut self) {
-        for d in &self.handles {
-            // SAFETY: retained once by `new`, released once here.
-            unsafe {
-                let _ = sys::cuDevicePrimaryCtxRelease_v2(*d);
-            }
-        }
     }
 }
 
@@ -482,7 +497,7 @@ impl Backend for CudaBackend {
     fn create_engine(&self, device: u32) -> Result<Box<dyn super::Engine>> {
         Ok(Box::new(engine::CudaEngine::new(
             device,
-            self.contexts.0[device as usize],
+            self.contexts.clone(),
         )?))
     }
 
