@@ -359,7 +359,14 @@ impl Backend for CudaBackend {
                 HalError::Unexpected(format!("physical object {} is not known", raw.0))
             })?;
             let first = phys_offset / g;
-            (p.granules[first..first + size / g].to_vec(), p.location)
+            let part = p.granules.get(first..first + size / g).ok_or_else(|| {
+                HalError::Unexpected(format!(
+                    "[{phys_offset:#x}, +{size:#x}) is outside physical object {} ({} granules)",
+                    raw.0,
+                    p.granules.len()
+                ))
+            })?;
+            (part.to_vec(), p.location)
         };
         let mut done = 0;
         let mut result = Ok(());
