@@ -47,11 +47,19 @@ use super::{
     RawPhysical, Result,
 };
 
+/// Where the memory of a physical object lives: a device, or host memory on a NUMA node (the
+/// node it was made on, which its host access descriptor must name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Home {
+    Device(u32),
+    HostNuma(u32),
+}
+
 /// A physical object: its granules, in order (each `granule` bytes, one `cuMemCreate`).
 #[derive(Debug)]
 struct Physical {
     granules: Vec<driver::CUmemGenericAllocationHandle>,
-    location: PhysicalLocation,
+    home: Home,
 }
 
 /// A USM allocation and how to free it.
@@ -119,8 +127,8 @@ pub(crate) struct CudaBackend {
     describe: String,
     next_id: AtomicU64,
     physical: Mutex<HashMap<u64, Physical>>,
-    /// Every mapped granule: address -> (handle, location of its memory).
-    mapped: Mutex<BTreeMap<usize, (driver::CUmemGenericAllocationHandle, PhysicalLocation)>>,
+    /// Every mapped granule: address -> (handle, where its memory lives).
+    mapped: Mutex<BTreeMap<usize, (driver::CUmemGenericAllocationHandle, Home)>>,
     allocs: Mutex<HashMap<u64, Alloc>>,
 }
 
@@ -210,17 +218,17 @@ impl CudaBackend {
         driver::set_current(self.contexts.get(d))
     }
 
-    /// The access descriptors for memory at `loc` with protection `prot`: every device that
-    /// can reach it, and the host for host memory.
-    fn access(&self, loc: PhysicalLocation, prot: Protection) -> Vec<sys::CUmemAccessDesc> {
+    /// The access descriptors for memory at `home` with protection `prot`: every device that
+    /// can reach it, and the host (its NUMA node) for host memory.
+    fn access(&self, home: Home, prot: Protection) -> Vec<sys::CUmemAccessDesc> {
         let flags = match prot {
             Protection::None => sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE,
             Protection::ReadOnly => sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ,
             Protection::ReadWrite => sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        let devices: Vec<u32> = match loc {
-            PhysicalLocation::Device(d) => self.reach[d as usize].clone(),
-            PhysicalLocation::Host => (0..self.devices.len() as u32).collect(),
+        let devices: Vec<u32> = match home {
+            Home::Device(d) => self.reach[d as usize].clone(),
+            Home::HostNuma(_) => (0..self.devices.len() as u32).collect(),
         };
         let mut v: Vec<sys::CUmemAccessDesc> = devices
             .into_iter()
@@ -229,9 +237,9 @@ impl CudaBackend {
                 flags,
             })
             .collect();
-        if loc == PhysicalLocation::Host {
+        if let Home::HostNuma(node) = home {
             v.push(sys::CUmemAccessDesc {
-                location: driver::host_numa_location(super::linux::current_numa_node()),
+                location: driver::host_numa_location(node),
                 flags,
             });
         }
@@ -248,9 +256,9 @@ impl CudaBackend {
     /// # Safety
     /// Every granule of the range is mapped.
     unsafe fn set_access_runs(&self, addr: usize, size: usize, prot: Protection) -> Result<()> {
-        let runs: Vec<(usize, usize, PhysicalLocation)> = {
+        let runs: Vec<(usize, usize, Home)> = {
             let m = self.mapped.lock();
-            let mut runs: Vec<(usize, usize, PhysicalLocation)> = Vec::new();
+            let mut runs: Vec<(usize, usize, Home)> = Vec::new();
             for (&a, &(_, loc)) in m.range(addr..addr + size) {
                 match runs.last_mut() {
                     Some((_, end, l)) if *end == a && *l == loc => *end += self.granule,
@@ -301,9 +309,13 @@ impl Backend for CudaBackend {
 
     fn create_physical(&self, location: PhysicalLocation, size: usize) -> Result<RawPhysical> {
         self.bind(0)?;
-        let loc = match location {
-            PhysicalLocation::Device(d) => driver::device_location(d),
-            PhysicalLocation::Host => driver::host_numa_location(super::linux::current_numa_node()),
+        let home = match location {
+            PhysicalLocation::Device(d) => Home::Device(d),
+            PhysicalLocation::Host => Home::HostNuma(super::linux::current_numa_node()),
+        };
+        let loc = match home {
+            Home::Device(d) => driver::device_location(d),
+            Home::HostNuma(n) => driver::host_numa_location(n),
         };
         let n = size.div_ceil(self.granule);
         let mut granules = Vec::with_capacity(n);
@@ -328,9 +340,7 @@ impl Backend for CudaBackend {
             }
         }
         let id = self.id();
-        self.physical
-            .lock()
-            .insert(id, Physical { granules, location });
+        self.physical.lock().insert(id, Physical { granules, home });
         Ok(RawPhysical(id))
     }
 
@@ -366,7 +376,7 @@ impl Backend for CudaBackend {
                     p.granules.len()
                 ))
             })?;
-            (part.to_vec(), p.location)
+            (part.to_vec(), p.home)
         };
         let mut done = 0;
         let mut result = Ok(());
@@ -435,7 +445,7 @@ impl Backend for CudaBackend {
                         driver::set_access(
                             addr,
                             size,
-                            &self.access(PhysicalLocation::Device(d), Protection::ReadWrite),
+                            &self.access(Home::Device(d), Protection::ReadWrite),
                         )
                     }
                 });
