@@ -14,6 +14,13 @@ use hetmem::{
     PhysicalMemoryFlags, Runtime,
 };
 
+/// Prints `line` on the test process's stderr past the test harness's capture, so that a skip
+/// shows in every run's output, passed or not.
+fn loud(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
 /// The cuda runtime, or `None` after printing why it cannot start here.
 fn cuda(test: &str) -> Option<Runtime> {
     match Runtime::builder().backend(BackendKind::Cuda).build() {
@@ -23,7 +30,7 @@ fn cuda(test: &str) -> Option<Runtime> {
                 matches!(e, Error::Uninitialized(_)),
                 "the cuda backend failed with something other than Uninitialized: {e:?}"
             );
-            eprintln!("SKIPPED (cuda) {test}: {}", e.message());
+            loud(&format!("SKIPPED (cuda) {test}: {}", e.message()));
             None
         }
     }
@@ -71,7 +78,7 @@ fn without_a_driver_the_cuda_backend_is_uninitialized_with_the_reason() {
                 "{}",
                 e.message()
             );
-            eprintln!("SKIPPED (cuda): {}", e.message());
+            loud(&format!("SKIPPED (cuda): {}", e.message()));
         }
     }
 }
