@@ -33,9 +33,11 @@
 //! backend/cuda/  the cuda backend (the CUDA driver API through cudarc, loaded at run time, one
 //!             wrapper per driver call): cuMemAddressReserve / cuMemCreate / cuMemMap /
 //!             cuMemSetAccess, cuMemHostAlloc / cuMemAllocManaged / cuMemHostRegister, streams.
-//! backend/linux/ what both backends share on Linux: machine facts, NUMA, /proc/self/maps,
-//!             errno translation, the SCM_RIGHTS broker. These three folders are the only
-//!             places that make OS or driver calls.
+//! backend/platform.rs  the Linux platform layer in the backend's terms (errors, protections).
+//! hetmem-linux (its own crate, below every backend): what both backends share on Linux, one
+//!             wrapper per syscall or file read: machine facts, NUMA, /proc/self/maps, errno
+//!             classification, the SCM_RIGHTS broker. It and the two backend folders are the
+//!             only places that make OS or driver calls.
 //! ```
 //!
 //! Why this cut: it is wgpu's (`wgpu` / `wgpu-core` / `wgpu-hal`). The semantics layer must give

@@ -1,8 +1,9 @@
 //! The layering rule of `DESIGN.md`, checked on the source tree: OS calls (`libc`, `rustix`,
-//! `std::fs`) are made only in the platform folders below the backend trait
-//! (`src/backend/host/`, the Linux layer every backend shares `src/backend/linux/`, and
-//! `src/backend/cuda/`); no file outside the host backend's folder names it, so that the cuda
-//! backend sits beside it as an equal; and the CLI reaches hetmem through its public API only.
+//! `std::fs`) are made only in the two backend folders below the backend trait
+//! (`src/backend/host/`, `src/backend/cuda/`) and in the Linux platform crate below them
+//! (`crates/hetmem-linux`, which knows nothing of hetmem); no file outside the host backend's
+//! folder names it, so that the cuda backend sits beside it as an equal; and the CLI reaches
+//! hetmem through its public API only.
 //! `src/backend/mod.rs` is the one place that makes the backends (`mod host;`,
 //! `host::HostBackend::new`) and forwards the platform facts.
 
@@ -50,11 +51,7 @@ fn names_host_backend(l: &str) -> bool {
 fn only_the_platform_folders_make_os_calls_and_only_the_host_folder_names_the_host_backend() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let host = src.join("backend").join("host");
-    let platform = [
-        host.clone(),
-        src.join("backend").join("linux"),
-        src.join("backend").join("cuda"),
-    ];
+    let platform = [host.clone(), src.join("backend").join("cuda")];
     let mut files = Vec::new();
     rust_files(&src, &mut files);
     let above: Vec<PathBuf> = files
@@ -83,7 +80,34 @@ fn only_the_platform_folders_make_os_calls_and_only_the_host_folder_names_the_ho
     let hits = offending(&beside, names_host_backend);
     assert!(
         hits.is_empty(),
-        "the Linux layer or the cuda backend names the host backend:\n{}",
+        "the cuda backend names the host backend:\n{}",
+        hits.join("\n")
+    );
+}
+
+/// The platform crate is below hetmem: it never depends on it or names its backends.
+#[test]
+fn the_linux_platform_crate_is_below_hetmem() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hetmem-linux");
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    assert!(
+        !manifest
+            .lines()
+            .any(|l| l.trim_start().starts_with("hetmem ")
+                || l.trim_start().starts_with("hetmem=")
+                || l.trim_start().starts_with("hetmem.")),
+        "hetmem-linux depends on hetmem:\n{manifest}"
+    );
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    assert!(
+        !files.is_empty(),
+        "the platform crate's sources were not found"
+    );
+    let hits = offending(&files, |l| l.contains("hetmem::") || names_host_backend(l));
+    assert!(
+        hits.is_empty(),
+        "hetmem-linux names hetmem:\n{}",
         hits.join("\n")
     );
 }

@@ -8,36 +8,9 @@
 //! a memfd, or what `cuMemExportToShareableHandle(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)`
 //! returns).
 
-use std::os::fd::OwnedFd;
-use std::sync::Arc;
-
 use super::HalError;
 
-/// What a broker answers to one request (the handler's side).
-#[derive(Debug, Default)]
-pub struct BrokerReply {
-    /// 0 for success; anything else is the handler's own code.
-    pub status: u32,
-    /// Bytes for the requester (an error message when `status != 0`).
-    pub payload: Vec<u8>,
-    /// Shareable handles to pass, shared with the handler's own records so that none is
-    /// duplicated for the send.
-    pub fds: Option<Arc<[OwnedFd]>>,
-}
-
-/// What a broker answered (the requester's side); the handles are the requester's own.
-#[derive(Debug, Default)]
-pub struct BrokerAnswer {
-    /// 0 for success; anything else is the handler's code.
-    pub status: u32,
-    /// The handler's bytes.
-    pub payload: Vec<u8>,
-    /// The handles received.
-    pub fds: Vec<OwnedFd>,
-}
-
-/// The handler a broker runs for each request: the 64 request bytes and the requester's pid.
-pub type BrokerHandler = Arc<dyn Fn(&[u8; 64], u32) -> BrokerReply + Send + Sync>;
+pub use hetmem_linux::broker::{BrokerAnswer, BrokerHandler, BrokerReply};
 
 /// Why a broker request failed, as far as the transport can tell.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

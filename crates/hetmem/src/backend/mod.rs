@@ -23,8 +23,8 @@ mod cuda;
 mod error;
 mod host;
 pub mod ipc;
-mod linux;
 pub mod managed;
+mod platform;
 mod sync;
 
 pub use error::{HalError, Result};
@@ -54,23 +54,12 @@ pub(crate) fn create_cuda() -> std::result::Result<Box<dyn Backend>, String> {
 
 /// Facts about the machine and the process that the platform layer reads (for defaults, for
 /// `hetmem info`, and for leak checks): Linux, whatever the backend.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlatformFacts {
-    /// Total RAM in bytes (`sysinfo(2)`).
-    pub total_ram: u64,
-    /// The OS page size in bytes.
-    pub page_size: usize,
-    /// The soft limit of open files (`RLIMIT_NOFILE`) now in force; `None` if unlimited. The
-    /// host backend raises it to the hard limit when it starts.
-    pub open_file_limit: Option<u64>,
-    /// `vm.max_map_count`, the kernel's cap on mappings per process, if readable.
-    pub max_map_count: Option<u64>,
-}
+pub use hetmem_linux::PlatformFacts;
 
 // The platform's facts and helpers, from the one platform this build has (Linux): see each
 // function's docs in `host`.
 pub(crate) use host::stream_copy;
-pub(crate) use linux::{
+pub(crate) use platform::{
     current_numa_node, mapping_count, numa_nodes, open_fd_count, platform_facts,
 };
 

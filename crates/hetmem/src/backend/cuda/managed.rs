@@ -209,11 +209,11 @@ impl CudaManaged {
 
 impl ManagedResidency for CudaManaged {
     fn numa_nodes(&self) -> Vec<u32> {
-        crate::backend::linux::numa_nodes()
+        crate::backend::platform::numa_nodes()
     }
 
     fn current_numa_node(&self) -> u32 {
-        crate::backend::linux::current_numa_node()
+        crate::backend::platform::current_numa_node()
     }
 
     fn allocate(&self, size: usize, align: usize) -> Result<usize> {

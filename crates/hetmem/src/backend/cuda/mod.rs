@@ -285,11 +285,11 @@ impl Backend for CudaBackend {
     }
 
     fn host_capacity(&self) -> u64 {
-        super::linux::total_ram()
+        super::platform::total_ram()
     }
 
     fn host_page_size(&self) -> usize {
-        super::linux::os_page_size()
+        super::platform::os_page_size()
     }
 
     fn devices(&self) -> &[DeviceInfo] {
@@ -311,7 +311,7 @@ impl Backend for CudaBackend {
         self.bind(0)?;
         let home = match location {
             PhysicalLocation::Device(d) => Home::Device(d),
-            PhysicalLocation::Host => Home::HostNuma(super::linux::current_numa_node()),
+            PhysicalLocation::Host => Home::HostNuma(super::platform::current_numa_node()),
         };
         let loc = match home {
             Home::Device(d) => driver::device_location(d),
@@ -497,7 +497,7 @@ impl Backend for CudaBackend {
     }
 
     fn query_host_protection(&self, addr: usize, size: usize) -> Option<Protection> {
-        super::linux::host_protection(addr, size)
+        super::platform::host_protection(addr, size)
     }
 
     fn register_host(&self, addr: usize, size: usize, read_only: bool) -> Result<()> {
@@ -560,15 +560,15 @@ impl Backend for CudaBackend {
     }
 
     fn numa_nodes(&self) -> Vec<u32> {
-        super::linux::numa_nodes()
+        super::platform::numa_nodes()
     }
 
     fn current_numa_node(&self) -> u32 {
-        super::linux::current_numa_node()
+        super::platform::current_numa_node()
     }
 
     fn start_broker(&self, make_handler: &dyn Fn() -> super::ipc::BrokerHandler) -> Result<u32> {
-        super::linux::start_broker(make_handler)
+        super::platform::start_broker(make_handler)
     }
 
     fn broker_request(
@@ -579,23 +579,23 @@ impl Backend for CudaBackend {
         max_payload: usize,
         max_fds: usize,
     ) -> std::result::Result<super::ipc::BrokerAnswer, super::ipc::TransportError> {
-        super::linux::broker_request(pid, nonce, request, max_payload, max_fds)
+        super::platform::broker_request(pid, nonce, request, max_payload, max_fds)
     }
 
     fn broker_stats(&self) -> super::ipc::BrokerStats {
-        super::linux::broker_stats()
+        super::platform::broker_stats()
     }
 
     fn broker_name(&self, pid: u32, nonce: u32) -> String {
-        super::linux::broker::broker_name(pid, nonce)
+        super::platform::broker_name(pid, nonce)
     }
 
     fn random_token(&self) -> Result<[u8; 16]> {
-        super::linux::random_token()
+        super::platform::random_token()
     }
 
     fn shareable_identity(&self, fd: BorrowedFd<'_>) -> Option<super::ipc::ShareableIdentity> {
-        super::linux::shareable_identity(fd)
+        super::platform::shareable_identity(fd)
     }
 
     fn check_shareable(&self, _fd: BorrowedFd<'_>, _need: u64) -> std::result::Result<(), String> {
@@ -603,6 +603,6 @@ impl Backend for CudaBackend {
     }
 
     fn dup_shareable(&self, fd: BorrowedFd<'_>) -> Result<OwnedFd> {
-        super::linux::dup_shareable(fd)
+        super::platform::dup(fd, "a shareable handle")
     }
 }

@@ -39,11 +39,11 @@ mod residency;
 pub(crate) use managed::stream_copy;
 
 // The Linux platform layer shared with every backend on Linux.
-use super::linux::broker as ipc;
-pub(crate) use super::linux::{
+pub(crate) use super::platform::{
     current_numa_node, host_protection, numa_nodes, os_error, os_page_size, raise_fd_limit,
     total_ram,
 };
+use hetmem_linux::broker as ipc;
 
 use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 
@@ -419,14 +419,18 @@ impl Backend for HostBackend {
 
     fn export_physical(&self, raw: RawPhysical) -> Result<OwnedFd> {
         // SAFETY: the fd is alive while the semantics layer holds the object (it holds its lock).
-        ipc::dup_fd(unsafe { BorrowedFd::borrow_raw(raw.0 as i32) })
-            .map_err(|e| os_error("fcntl(F_DUPFD_CLOEXEC) of a physical object", e))
+        super::platform::dup(
+            unsafe { BorrowedFd::borrow_raw(raw.0 as i32) },
+            "a physical object",
+        )
     }
 
     fn export_allocation(&self, raw: RawAllocation) -> Result<OwnedFd> {
         // SAFETY: the fd is alive while the semantics layer holds the allocation.
-        ipc::dup_fd(unsafe { BorrowedFd::borrow_raw(raw.0 as i32) })
-            .map_err(|e| os_error("fcntl(F_DUPFD_CLOEXEC) of an allocation", e))
+        super::platform::dup(
+            unsafe { BorrowedFd::borrow_raw(raw.0 as i32) },
+            "an allocation",
+        )
     }
 
     fn import_physical(&self, fd: OwnedFd) -> Result<RawPhysical> {
@@ -442,7 +446,7 @@ impl Backend for HostBackend {
     }
 
     fn start_broker(&self, make_handler: &dyn Fn() -> super::ipc::BrokerHandler) -> Result<u32> {
-        super::linux::start_broker(make_handler)
+        super::platform::start_broker(make_handler)
     }
 
     fn broker_request(
@@ -453,11 +457,11 @@ impl Backend for HostBackend {
         max_payload: usize,
         max_fds: usize,
     ) -> std::result::Result<super::ipc::BrokerAnswer, super::ipc::TransportError> {
-        super::linux::broker_request(pid, nonce, request, max_payload, max_fds)
+        super::platform::broker_request(pid, nonce, request, max_payload, max_fds)
     }
 
     fn broker_stats(&self) -> super::ipc::BrokerStats {
-        super::linux::broker_stats()
+        super::platform::broker_stats()
     }
 
     fn broker_name(&self, pid: u32, nonce: u32) -> String {
@@ -465,11 +469,11 @@ impl Backend for HostBackend {
     }
 
     fn random_token(&self) -> Result<[u8; 16]> {
-        super::linux::random_token()
+        super::platform::random_token()
     }
 
     fn shareable_identity(&self, fd: BorrowedFd<'_>) -> Option<super::ipc::ShareableIdentity> {
-        super::linux::shareable_identity(fd)
+        super::platform::shareable_identity(fd)
     }
 
     fn check_shareable(&self, fd: BorrowedFd<'_>, need: u64) -> std::result::Result<(), String> {
@@ -477,7 +481,7 @@ impl Backend for HostBackend {
     }
 
     fn dup_shareable(&self, fd: BorrowedFd<'_>) -> Result<OwnedFd> {
-        super::linux::dup_shareable(fd)
+        super::platform::dup(fd, "a shareable handle")
     }
 }
 

@@ -1,32 +1,73 @@
-//! The Linux platform layer: what every backend running on Linux shares (the host backend and
-//! the cuda backend alike): machine facts, NUMA, `/proc/self/maps`, errno translation, and the
-//! IPC transport ([`broker`]: the per-process broker socket and `SCM_RIGHTS`). One small
-//! function per syscall or file read, each naming it.
+//! The Linux platform layer below hetmem's backends: what every backend running on Linux
+//! shares (the host backend and the cuda backend alike): machine facts, NUMA,
+//! `/proc/self/maps`, errno translation, and the IPC transport ([`broker`]: the per-process
+//! broker socket and `SCM_RIGHTS`). One small function per syscall or file read, each naming
+//! it (rustix-style); no policy, and nothing of the specs. hetmem's backends call it and turn
+//! its answers into their own types (`hetmem::backend`).
 
-pub(crate) mod broker;
+pub mod broker;
 
-use std::os::fd::{BorrowedFd, OwnedFd};
+pub use rustix::io::Errno;
 
-use rustix::io::Errno;
+/// Facts about the machine and the process (for defaults, for `hetmem info`, and for leak
+/// checks).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlatformFacts {
+    /// Total RAM in bytes (`sysinfo(2)`).
+    pub total_ram: u64,
+    /// The OS page size in bytes.
+    pub page_size: usize,
+    /// The soft limit of open files (`RLIMIT_NOFILE`) now in force; `None` if unlimited. The
+    /// host backend raises it to the hard limit when it starts.
+    pub open_file_limit: Option<u64>,
+    /// `vm.max_map_count`, the kernel's cap on mappings per process, if readable.
+    pub max_map_count: Option<u64>,
+}
 
-use super::ipc::{BrokerAnswer, BrokerHandler, BrokerStats, ShareableIdentity, TransportError};
-use super::{HalError, Protection, Result};
+/// A failed OS call, classified: host memory or an OS limit on it exhausted (the message names
+/// the limit and its value), or anything else (the message names the call and the errno).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OsError {
+    /// `ENOMEM`, `EMFILE` / `ENFILE`, `ENOSPC`.
+    OutOfHostMemory(String),
+    /// Any other errno.
+    Unexpected(String),
+}
+
+impl std::fmt::Display for OsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OsError::OutOfHostMemory(m) | OsError::Unexpected(m) => f.write_str(m),
+        }
+    }
+}
+
+/// Page protection of process memory, as `/proc/self/maps` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protection {
+    /// Not readable.
+    None,
+    /// Readable, not writable.
+    ReadOnly,
+    /// Readable and writable.
+    ReadWrite,
+}
 
 /// Total RAM of the machine in bytes (`sysinfo(2)`).
-pub(crate) fn total_ram() -> u64 {
+pub fn total_ram() -> u64 {
     let info = rustix::system::sysinfo();
     info.totalram as u64 * info.mem_unit.max(1) as u64
 }
 
 /// The OS page size in bytes (`getauxval(AT_PAGESZ)` through rustix).
-pub(crate) fn os_page_size() -> usize {
+pub fn os_page_size() -> usize {
     rustix::param::page_size()
 }
 
 /// Raises the soft limit of open files (`RLIMIT_NOFILE`) to the hard limit, so that many
 /// physical objects (one memfd each) can be live at once (`getrlimit(2)`, `setrlimit(2)`).
 /// Returns the limit now in force.
-pub(crate) fn raise_fd_limit() -> u64 {
+pub fn raise_fd_limit() -> u64 {
     use rustix::process::{getrlimit, setrlimit, Resource};
     let mut lim = getrlimit(Resource::Nofile);
     if lim.current != lim.maximum {
@@ -36,10 +77,10 @@ pub(crate) fn raise_fd_limit() -> u64 {
     getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
 }
 
-/// Reads the [`PlatformFacts`](crate::backend::PlatformFacts) of this machine and process (`sysinfo(2)`,
-/// the page size, `getrlimit(RLIMIT_NOFILE)`, `/proc/sys/vm/max_map_count`). Changes nothing.
-pub(crate) fn platform_facts() -> crate::backend::PlatformFacts {
-    crate::backend::PlatformFacts {
+/// Reads the [`PlatformFacts`] of this machine and process (`sysinfo(2)`, the page size,
+/// `getrlimit(RLIMIT_NOFILE)`, `/proc/sys/vm/max_map_count`). Changes nothing.
+pub fn platform_facts() -> PlatformFacts {
+    PlatformFacts {
         total_ram: total_ram(),
         page_size: os_page_size(),
         open_file_limit: fd_limit(),
@@ -48,13 +89,13 @@ pub(crate) fn platform_facts() -> crate::backend::PlatformFacts {
 }
 
 /// The soft limit of open files now in force (`getrlimit(RLIMIT_NOFILE)`); `None` if unlimited.
-pub(crate) fn fd_limit() -> Option<u64> {
+pub fn fd_limit() -> Option<u64> {
     rustix::process::getrlimit(rustix::process::Resource::Nofile).current
 }
 
 /// `vm.max_map_count`, the kernel's cap on mappings (VMAs) per process
 /// (`/proc/sys/vm/max_map_count`).
-pub(crate) fn max_map_count() -> Option<u64> {
+pub fn max_map_count() -> Option<u64> {
     std::fs::read_to_string("/proc/sys/vm/max_map_count")
         .ok()?
         .trim()
@@ -62,10 +103,10 @@ pub(crate) fn max_map_count() -> Option<u64> {
         .ok()
 }
 
-/// Translates an errno from `what` into a hetmem error naming the limit that was hit.
-pub(crate) fn os_error(what: &str, e: Errno) -> HalError {
+/// Translates an errno from `what` into an [`OsError`] naming the limit that was hit.
+pub fn os_error(what: &str, e: Errno) -> OsError {
     match e {
-        Errno::NOMEM => HalError::OutOfHostMemory(format!(
+        Errno::NOMEM => OsError::OutOfHostMemory(format!(
             "{what} failed with ENOMEM: the address space (RLIMIT_AS {}), RAM, or the mapping \
              limit vm.max_map_count ({}) is exhausted",
             rustix::process::getrlimit(rustix::process::Resource::As)
@@ -73,7 +114,7 @@ pub(crate) fn os_error(what: &str, e: Errno) -> HalError {
                 .map_or("unlimited".to_string(), |v| v.to_string()),
             max_map_count().map_or("unknown".to_string(), |v| v.to_string())
         )),
-        Errno::MFILE | Errno::NFILE => HalError::OutOfHostMemory(format!(
+        Errno::MFILE | Errno::NFILE => OsError::OutOfHostMemory(format!(
             "{what} failed with {}: the open-file limit RLIMIT_NOFILE ({}) is reached",
             if e == Errno::MFILE {
                 "EMFILE"
@@ -84,14 +125,14 @@ pub(crate) fn os_error(what: &str, e: Errno) -> HalError {
                 .current
                 .map_or("unlimited".to_string(), |v| v.to_string())
         )),
-        Errno::NOSPC => HalError::OutOfHostMemory(format!("{what} failed with ENOSPC")),
-        other => HalError::Unexpected(format!("{what} failed: {other}")),
+        Errno::NOSPC => OsError::OutOfHostMemory(format!("{what} failed with ENOSPC")),
+        other => OsError::Unexpected(format!("{what} failed: {other}")),
     }
 }
 
 /// The NUMA nodes of this machine (`/sys/devices/system/node/node<N>`), ascending; `[0]` if
 /// none listed. The ids `ACL_MEM_LOCATIONTYPE_HOST_NUMA` accepts. Never fails.
-pub(crate) fn numa_nodes() -> Vec<u32> {
+pub fn numa_nodes() -> Vec<u32> {
     let mut v: Vec<u32> = std::fs::read_dir("/sys/devices/system/node")
         .map(|d| {
             d.filter_map(|e| {
@@ -110,7 +151,7 @@ pub(crate) fn numa_nodes() -> Vec<u32> {
 
 /// The NUMA node of the CPU the calling thread runs on (`getcpu(2)`); 0 if unknown. What
 /// `ACL_MEM_LOCATIONTYPE_HOST_NUMA_CURRENT` resolves to when a call is made. Never fails.
-pub(crate) fn current_numa_node() -> u32 {
+pub fn current_numa_node() -> u32 {
     let mut cpu: libc::c_uint = 0;
     let mut node: libc::c_uint = 0;
     // SAFETY: getcpu writes two unsigned ints through valid pointers; the cache arg may be null.
@@ -130,19 +171,19 @@ pub(crate) fn current_numa_node() -> u32 {
 }
 
 /// Number of open file descriptors of this process (entries of `/proc/self/fd`).
-pub(crate) fn open_fd_count() -> usize {
+pub fn open_fd_count() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
 }
 
 /// Number of mappings (lines of `/proc/self/maps`) of this process.
-pub(crate) fn mapping_count() -> usize {
+pub fn mapping_count() -> usize {
     std::fs::read_to_string("/proc/self/maps").map_or(0, |s| s.lines().count())
 }
 
 /// The weakest protection over `[addr, addr+size)` of this process, from `/proc/self/maps`:
 /// `None` if any byte is unmapped, `Some(Protection::None)` if any page is unreadable,
 /// `Some(ReadOnly)` if any is unwritable, else `Some(ReadWrite)`.
-pub(crate) fn host_protection(addr: usize, size: usize) -> Option<Protection> {
+pub fn host_protection(addr: usize, size: usize) -> Option<Protection> {
     let end = addr.checked_add(size)?;
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     let mut at = addr;
@@ -179,15 +220,12 @@ pub(crate) fn host_protection(addr: usize, size: usize) -> Option<Protection> {
     None
 }
 
-// ---------------------------------------------------------------------------------------------
-// The IPC transport operations of [`crate::backend::Backend`], the same on every Linux backend.
-
-/// [`crate::backend::Backend::start_broker`] on Linux ([`broker::start_broker`]).
-pub(crate) fn start_broker(make_handler: &dyn Fn() -> BrokerHandler) -> Result<u32> {
+/// Starts this process's IPC broker ([`broker::start_broker`]), the failure classified.
+pub fn start_broker(make_handler: &dyn Fn() -> broker::BrokerHandler) -> Result<u32, OsError> {
     broker::start_broker(make_handler).map_err(|e| {
         let mut m = os_error("starting the IPC broker socket", e);
         if e == Errno::ADDRINUSE {
-            if let HalError::Unexpected(t) = &mut m {
+            if let OsError::Unexpected(t) = &mut m {
                 t.push_str(": every name tried was already bound by another socket");
             }
         }
@@ -195,65 +233,44 @@ pub(crate) fn start_broker(make_handler: &dyn Fn() -> BrokerHandler) -> Result<u
     })
 }
 
-/// [`crate::backend::Backend::broker_request`] on Linux ([`broker::broker_request`]).
-pub(crate) fn broker_request(
-    pid: u32,
-    nonce: u32,
-    request: &[u8; 64],
-    max_payload: usize,
-    max_fds: usize,
-) -> std::result::Result<BrokerAnswer, TransportError> {
-    broker::broker_request(pid, nonce, request, max_payload, max_fds)
-}
-
-/// [`crate::backend::Backend::broker_stats`] on Linux.
-pub(crate) fn broker_stats() -> BrokerStats {
-    BrokerStats {
-        peers_active: broker::broker_peers_active(),
-        workers: broker::broker_workers(),
-        max_peers: broker::MAX_BROKER_PEERS,
-        worker_idle: broker::WORKER_IDLE,
-    }
-}
-
-/// [`crate::backend::Backend::random_token`] on Linux (`getrandom(2)`).
-pub(crate) fn random_token() -> Result<[u8; 16]> {
+/// 16 random bytes (`getrandom(2)`), the failure classified.
+pub fn random_token() -> Result<[u8; 16], OsError> {
     broker::random_token().map_err(|e| os_error("getrandom(2) for an IPC token", e))
 }
 
-/// [`crate::backend::Backend::shareable_identity`] on Linux (`fstat(2)`).
-pub(crate) fn shareable_identity(fd: BorrowedFd<'_>) -> Option<ShareableIdentity> {
-    broker::fd_identity(fd).map(|(dev, ino, size)| ShareableIdentity { dev, ino, size })
-}
-
-/// [`crate::backend::Backend::dup_shareable`] on Linux (`fcntl(F_DUPFD_CLOEXEC)`).
-pub(crate) fn dup_shareable(fd: BorrowedFd<'_>) -> Result<OwnedFd> {
-    broker::dup_fd(fd).map_err(|e| os_error("fcntl(F_DUPFD_CLOEXEC) of a shareable handle", e))
+/// A close-on-exec duplicate of `fd` (`fcntl(F_DUPFD_CLOEXEC)`), the failure classified.
+pub fn dup(fd: std::os::fd::BorrowedFd<'_>, what: &str) -> Result<std::os::fd::OwnedFd, OsError> {
+    broker::dup_fd(fd).map_err(|e| os_error(&format!("fcntl(F_DUPFD_CLOEXEC) of {what}"), e))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Backend failures carry the limit they hit, as the backend's own error kind.
+    /// Failures carry the limit they hit.
     #[test]
-    fn os_errors_name_the_limit_and_stay_backend_errors() {
+    fn os_errors_name_the_limit() {
         match os_error("mmap", Errno::MFILE) {
-            HalError::OutOfHostMemory(m) => assert!(m.contains("RLIMIT_NOFILE"), "{m}"),
+            OsError::OutOfHostMemory(m) => assert!(m.contains("RLIMIT_NOFILE"), "{m}"),
             e => panic!("EMFILE gave {e:?}"),
         }
         match os_error("mmap", Errno::NOMEM) {
-            HalError::OutOfHostMemory(m) => assert!(m.contains("vm.max_map_count"), "{m}"),
+            OsError::OutOfHostMemory(m) => assert!(m.contains("vm.max_map_count"), "{m}"),
             e => panic!("ENOMEM gave {e:?}"),
         }
         assert!(matches!(
             os_error("x", Errno::INVAL),
-            HalError::Unexpected(_)
+            OsError::Unexpected(_)
         ));
-        // The one conversion to the spec error.
-        let e: crate::Error = HalError::OutOfHostMemory("m".into()).into();
-        assert_eq!(e.ze_result(), 0x7000_0002);
-        let e: crate::Error = HalError::Unsupported("m".into()).into();
-        assert_eq!(e.ze_result(), 0x7800_0003);
+    }
+
+    /// `/proc/self/maps` answers for our own mappings: a readable stack variable is mapped,
+    /// a page below `vm.mmap_min_addr` is not.
+    #[test]
+    fn host_protection_reads_our_own_mappings() {
+        let x = 5u64;
+        let p = &x as *const u64 as usize;
+        assert_eq!(host_protection(p, 8), Some(Protection::ReadWrite));
+        assert_eq!(host_protection(0x4000, 4096), None);
     }
 }

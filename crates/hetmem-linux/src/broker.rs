@@ -1,7 +1,7 @@
 //! IPC transport on Linux (every backend): file descriptors over Unix sockets (`SCM_RIGHTS`) and the
 //! per-process broker that hands them out.
 //!
-//! Nothing here knows the spec: the semantics layer ([`crate::ipc`]) decides what a request
+//! Nothing here knows the spec: hetmem's semantics layer decides what a request
 //! means and what to answer; this module only moves bytes and fds, one small function per
 //! syscall sequence.
 //!
@@ -32,7 +32,7 @@
 //!
 //! A live broker answers every peer of our uid that sends a request in time, so a broker that
 //! hangs up before its whole answer is sent is a broker whose process died: [`broker_request`]
-//! reports every such failure after the connection is made as [`TransportError::PeerGone`].
+//! reports every such failure after the connection is made as [`BrokerError::PeerGone`].
 //!
 //! The requester ([`connect_broker`]) checks the listener's `SO_PEERCRED` before sending
 //! anything: its pid must be the exporter's pid recorded in the handle and its uid our
@@ -53,9 +53,51 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
+use crate::OsError;
+
+/// What a broker answers to one request (the handler's side).
+#[derive(Debug, Default)]
+pub struct BrokerReply {
+    /// 0 for success; anything else is the handler's own code.
+    pub status: u32,
+    /// Bytes for the requester (an error message when `status != 0`).
+    pub payload: Vec<u8>,
+    /// Shareable handles to pass, shared with the handler's own records so that none is
+    /// duplicated for the send.
+    pub fds: Option<std::sync::Arc<[OwnedFd]>>,
+}
+
+/// What a broker answered (the requester's side); the handles are the requester's own.
+#[derive(Debug, Default)]
+pub struct BrokerAnswer {
+    /// 0 for success; anything else is the handler's code.
+    pub status: u32,
+    /// The handler's bytes.
+    pub payload: Vec<u8>,
+    /// The handles received.
+    pub fds: Vec<OwnedFd>,
+}
+
+/// The handler a broker runs for each request: the 64 request bytes and the requester's pid.
+pub type BrokerHandler = std::sync::Arc<dyn Fn(&[u8; 64], u32) -> BrokerReply + Send + Sync>;
+
+/// Why a broker request failed, as far as the transport can tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BrokerError {
+    /// The exporting process is gone: no broker serves its name, or the connection ended
+    /// before the whole answer came (it died while answering).
+    PeerGone,
+    /// The broker's name is served by a process other than the exporter (another pid, or
+    /// another user): nothing was sent to it. Carries the name.
+    Impostor(String),
+    /// The answer broke the wire format or exceeded the bounds the requester set.
+    Protocol(String),
+    /// A local failure (out of file descriptors, a socket call refused).
+    Local(OsError),
+}
+
 use rustix::io::Errno;
 
-use crate::backend::ipc::{BrokerAnswer, BrokerHandler, BrokerReply, TransportError};
 use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
@@ -376,28 +418,28 @@ fn send_reply(conn: BorrowedFd<'_>, r: &BrokerReply) -> Result<(), Errno> {
 /// Failures are classified for the semantics layer: no broker under the name
 /// (`ECONNREFUSED`, `ENOENT`), or a connection that ends or breaks before the whole answer came
 /// (end of stream, `ECONNRESET`, `EPIPE`: the exporter died while answering) is
-/// [`TransportError::PeerGone`]; a listener that is not the exporter (`SO_PEERCRED`) is
-/// [`TransportError::Impostor`]; a malformed or oversized answer is
-/// [`TransportError::Protocol`]; anything else is local ([`TransportError::Local`]).
+/// [`BrokerError::PeerGone`]; a listener that is not the exporter (`SO_PEERCRED`) is
+/// [`BrokerError::Impostor`]; a malformed or oversized answer is
+/// [`BrokerError::Protocol`]; anything else is local ([`BrokerError::Local`]).
 pub fn broker_request(
     pid: u32,
     nonce: u32,
     request: &[u8; 64],
     max_payload: usize,
     max_fds: usize,
-) -> Result<BrokerAnswer, TransportError> {
+) -> Result<BrokerAnswer, BrokerError> {
     let s = connect_broker(pid, nonce).map_err(|e| match e {
-        Errno::CONNREFUSED | Errno::NOENT => TransportError::PeerGone,
-        Errno::PERM => TransportError::Impostor(broker_name(pid, nonce)),
+        Errno::CONNREFUSED | Errno::NOENT => BrokerError::PeerGone,
+        Errno::PERM => BrokerError::Impostor(broker_name(pid, nonce)),
         e => local("connecting to the IPC broker", e),
     })?;
     // After connect, an error of the conversation means the peer went away.
     let broken = |e: Errno| match e {
         Errno::CONNRESET | Errno::PIPE | Errno::CONNABORTED | Errno::NOTCONN => {
-            TransportError::PeerGone
+            BrokerError::PeerGone
         }
         Errno::AGAIN => {
-            TransportError::Protocol(format!("no answer within {} s", PEER_TIMEOUT.as_secs()))
+            BrokerError::Protocol(format!("no answer within {} s", PEER_TIMEOUT.as_secs()))
         }
         e => local("talking to the IPC broker", e),
     };
@@ -405,10 +447,10 @@ pub fn broker_request(
     let mut head = [0u8; 24];
     let (n, _) = recv_fds(s.as_fd(), &mut head, 1).map_err(broken)?;
     if n == 0 {
-        return Err(TransportError::PeerGone);
+        return Err(BrokerError::PeerGone);
     }
     if n != 24 || &head[..4] != REPLY_MAGIC {
-        return Err(TransportError::Protocol(format!(
+        return Err(BrokerError::Protocol(format!(
             "a reply header of {n} bytes without the magic"
         )));
     }
@@ -416,7 +458,7 @@ pub fn broker_request(
     let plen = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes")) as usize;
     let nfds = u64::from_le_bytes(head[16..24].try_into().expect("8 bytes")) as usize;
     if plen > max_payload || nfds > max_fds {
-        return Err(TransportError::Protocol(format!(
+        return Err(BrokerError::Protocol(format!(
             "the broker announces {plen} bytes and {nfds} fds, at most {max_payload} and \
              {max_fds} are accepted"
         )));
@@ -427,7 +469,7 @@ pub fn broker_request(
         let want = (plen - at).min(PAYLOAD_CHUNK);
         let (n, _) = recv_fds(s.as_fd(), &mut payload[at..at + want], 1).map_err(broken)?;
         if n == 0 {
-            return Err(TransportError::PeerGone);
+            return Err(BrokerError::PeerGone);
         }
         at += n;
     }
@@ -436,10 +478,10 @@ pub fn broker_request(
         let mut b = [0u8; 1];
         let (n, got) = recv_fds(s.as_fd(), &mut b, MAX_FDS_PER_MSG).map_err(broken)?;
         if n == 0 {
-            return Err(TransportError::PeerGone);
+            return Err(BrokerError::PeerGone);
         }
         if got.is_empty() {
-            return Err(TransportError::Protocol("an fd message without fds".into()));
+            return Err(BrokerError::Protocol("an fd message without fds".into()));
         }
         fds.extend(got);
     }
@@ -451,8 +493,8 @@ pub fn broker_request(
     })
 }
 
-fn local(what: &str, e: Errno) -> TransportError {
-    TransportError::Local(super::os_error(what, e))
+fn local(what: &str, e: Errno) -> BrokerError {
+    BrokerError::Local(crate::os_error(what, e))
 }
 
 /// `(st_dev, st_ino, st_size)` of an fd: `fstat(2)`. `None` if the fd is not open.
