@@ -20,6 +20,7 @@
 //! move is the backend's (on the host backend a residency engine over `userfaultfd(2)`).
 
 mod cuda;
+mod dispatch;
 mod error;
 mod host;
 pub mod ipc;
@@ -122,9 +123,10 @@ pub struct RawAllocation(pub u64);
 
 /// A synchronisation object made by the backend ([`Backend::create_sync`]) that engines wait
 /// on and signal on the device, and the host waits on, signals and resets: the state of an
-/// event or fence of [`crate::queue`]. CUDA: a `CUevent` (`cuStreamWaitEvent`,
-/// `cuEventRecord`, `cuEventSynchronize` / `cuEventQuery`) with a host flag for host signals
-/// and resets; host: a flag with a condition variable.
+/// event or fence of [`crate::queue`]. Both backends use a flag with a condition variable
+/// (`sync::FlagSync`): the cuda backend's engines wait for it on their dispatch thread before
+/// queuing what follows on the stream, and signal it from their completion thread. (Waiting on
+/// the device instead, `cuStreamWaitValue32` on pinned host memory, is not done yet.)
 pub trait EngineSync: Send + Sync + std::fmt::Debug {
     /// Waits up to `timeout_ns` nanoseconds (0: only look; `u64::MAX`: forever) for the object
     /// to be signalled; true if it is.
@@ -161,12 +163,15 @@ pub enum EngineOp {
         /// Bytes.
         size: usize,
     },
-    /// Waits until the object is signalled. CUDA: `cuStreamWaitEvent`.
+    /// Waits until the object is signalled. CUDA: the dispatch thread waits before it queues
+    /// what follows on the stream.
     Wait(std::sync::Arc<dyn EngineSync>),
-    /// Signals the object once everything before it has finished. CUDA: `cuEventRecord`.
+    /// Signals the object once everything before it has finished. CUDA: `cuEventRecord`, and
+    /// the completion thread signals it once the event has completed.
     Signal(std::sync::Arc<dyn EngineSync>),
     /// Runs a host function once everything before it has finished (bookkeeping of the
-    /// semantics layer: in-flight references, fences). CUDA: `cuLaunchHostFunc`.
+    /// semantics layer: in-flight references, fences). CUDA: `cuEventRecord` and the
+    /// completion thread (a `cuLaunchHostFunc` would hold the stream back meanwhile).
     Host(Box<dyn FnOnce() + Send>),
 }
 
@@ -202,6 +207,11 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
 ///
 /// Addresses are process virtual addresses. Every address, size and offset passed in is aligned
 /// to the device's page size as the semantics layer computed it.
+///
+/// The operations on the host machine itself (its RAM and page size, NUMA, `/proc/self/maps`,
+/// the IPC broker and shareable-handle identity) are the same for every backend on Linux: their
+/// default bodies call the Linux platform crate (`hetmem-linux`, through `platform`), and a
+/// backend overrides only what differs (the host backend's `check_shareable`, say).
 pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Short name: `host` or `cuda`.
     fn name(&self) -> &'static str;
@@ -210,11 +220,15 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn describe(&self) -> String;
 
     /// Bytes of host memory that host physical memory may use in all (the machine's RAM).
-    fn host_capacity(&self) -> u64;
+    fn host_capacity(&self) -> u64 {
+        platform::total_ram()
+    }
 
     /// The host's page size in bytes (imports of system memory are aligned to it). CUDA and
     /// host: the OS page size (`sysconf(_SC_PAGESIZE)`).
-    fn host_page_size(&self) -> usize;
+    fn host_page_size(&self) -> usize {
+        platform::os_page_size()
+    }
 
     /// The devices, in ordinal order.
     fn devices(&self) -> &[DeviceInfo];
@@ -334,7 +348,9 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// only; used to vet imports of system memory.
     ///
     /// CUDA and host: `/proc/self/maps`.
-    fn query_host_protection(&self, addr: usize, size: usize) -> Option<Protection>;
+    fn query_host_protection(&self, addr: usize, size: usize) -> Option<Protection> {
+        platform::host_protection(addr, size)
+    }
 
     /// Makes system memory `[addr, addr+size)` (page-aligned, mapped, not registered yet)
     /// reachable by the devices, read-only for them if `read_only`. The memory itself is not
@@ -413,11 +429,15 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// The host's NUMA nodes, ascending (`[0]` if none is listed): the ids a host-NUMA location
     /// accepts. Never fails. CUDA and host: the entries `node<N>` of `/sys/devices/system/node`.
-    fn numa_nodes(&self) -> Vec<u32>;
+    fn numa_nodes(&self) -> Vec<u32> {
+        platform::numa_nodes()
+    }
 
     /// The NUMA node of the CPU the calling thread runs on (0 if unknown). Never fails.
     /// CUDA and host: `getcpu(2)`.
-    fn current_numa_node(&self) -> u32;
+    fn current_numa_node(&self) -> u32 {
+        platform::current_numa_node()
+    }
 
     /// Starts this process's IPC broker unless it runs already, serving each request with the
     /// handler `make_handler` gives (called once, when the broker starts), and returns the
@@ -426,7 +446,9 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     ///
     /// CUDA and host: an abstract `SOCK_SEQPACKET` Unix socket named after the pid and nonce,
     /// served by a thread; peers of another uid are dropped unread.
-    fn start_broker(&self, make_handler: &dyn Fn() -> BrokerHandler) -> Result<u32>;
+    fn start_broker(&self, make_handler: &dyn Fn() -> BrokerHandler) -> Result<u32> {
+        platform::start_broker(make_handler)
+    }
 
     /// Asks process `pid`'s broker (started with `nonce`) about `request` and collects the whole
     /// answer, accepting at most `max_payload` bytes and `max_fds` handles. The request is sent
@@ -441,20 +463,30 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         request: &[u8; 64],
         max_payload: usize,
         max_fds: usize,
-    ) -> std::result::Result<BrokerAnswer, TransportError>;
+    ) -> std::result::Result<BrokerAnswer, TransportError> {
+        platform::broker_request(pid, nonce, request, max_payload, max_fds)
+    }
 
     /// The state of this process's broker (zeros where none was started).
-    fn broker_stats(&self) -> BrokerStats;
+    fn broker_stats(&self) -> BrokerStats {
+        platform::broker_stats()
+    }
 
     /// The name of process `pid`'s broker started with `nonce`, for messages.
-    fn broker_name(&self, pid: u32, nonce: u32) -> String;
+    fn broker_name(&self, pid: u32, nonce: u32) -> String {
+        platform::broker_name(pid, nonce)
+    }
 
     /// 16 random bytes for an export's secret token. CUDA and host: `getrandom(2)`.
-    fn random_token(&self) -> Result<[u8; 16]>;
+    fn random_token(&self) -> Result<[u8; 16]> {
+        platform::random_token()
+    }
 
     /// The identity of a shareable handle, or `None` if `fd` is not open.
     /// CUDA and host: `fstat(2)`.
-    fn shareable_identity(&self, fd: BorrowedFd<'_>) -> Option<ShareableIdentity>;
+    fn shareable_identity(&self, fd: BorrowedFd<'_>) -> Option<ShareableIdentity> {
+        platform::shareable_identity(fd)
+    }
 
     /// Checks a shareable handle received from another process (or found in a handle's bytes)
     /// before anything is mapped from it: it must be memory this backend can import, holding at
@@ -465,5 +497,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn check_shareable(&self, fd: BorrowedFd<'_>, need: u64) -> std::result::Result<(), String>;
 
     /// A close-on-exec duplicate of a shareable handle. CUDA and host: `fcntl(F_DUPFD_CLOEXEC)`.
-    fn dup_shareable(&self, fd: BorrowedFd<'_>) -> Result<OwnedFd>;
+    fn dup_shareable(&self, fd: BorrowedFd<'_>) -> Result<OwnedFd> {
+        platform::dup(fd, "a shareable handle")
+    }
 }

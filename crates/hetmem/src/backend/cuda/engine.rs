@@ -20,81 +20,60 @@
 //! abandoned: the memory work after it is skipped, its `Host` operations still run), then
 //! `cuStreamSynchronize` and `cuStreamDestroy`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use cudarc::driver::sys;
-use parking_lot::Mutex;
 
 use super::driver::{self, CUcontext};
+use crate::backend::dispatch::{Closing, Dispatcher};
 use crate::backend::{Engine, EngineOp, HalError, Result};
-
-/// How long one wait slice lasts before the dispatch thread checks whether it is being dropped.
-const WAIT_SLICE_NS: u64 = 10_000_000;
 
 /// A CUDA stream and the thread that queues onto it.
 #[derive(Debug)]
-pub(crate) struct CudaEngine {
-    tx: Mutex<Option<Sender<Vec<EngineOp>>>>,
-    closing: Arc<AtomicBool>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-}
+pub(crate) struct CudaEngine(Dispatcher);
 
 impl CudaEngine {
     /// Starts the dispatch thread for device `device` (its context from `contexts`, which the
     /// engine's threads keep alive), which creates the
     /// stream; fails if the stream cannot be created.
     pub(crate) fn new(device: u32, contexts: Arc<super::Contexts>) -> Result<CudaEngine> {
-        let (tx, rx) = channel::<Vec<EngineOp>>();
         let (ready_tx, ready_rx) = channel::<Result<()>>();
-        let closing = Arc::new(AtomicBool::new(false));
-        let c = closing.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("hetmem-cuda{device}"))
-            .spawn(move || {
-                let ctx = contexts.get(device);
-                let stream = match driver::set_current(ctx).and_then(|()| stream_create()) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                let (done_tx, done_rx) = channel::<Completion>();
-                let completer = contexts.clone();
-                let completion = std::thread::Builder::new()
-                    .name(format!("hetmem-cuda{device}-done"))
-                    .spawn(move || complete(completer.get(device), &completer, done_rx));
-                let completion = match completion {
-                    Ok(t) => t,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(HalError::OutOfHostMemory(format!(
-                            "spawning an engine's completion thread: {e}"
-                        ))));
-                        // SAFETY: the stream is ours and unused.
-                        unsafe { sys::cuStreamDestroy_v2(stream) };
-                        return;
-                    }
-                };
-                let _ = ready_tx.send(Ok(()));
-                run(stream, rx, c, done_tx);
-                let _ = completion.join();
-            })
-            .map_err(|e| HalError::OutOfHostMemory(format!("spawning an engine thread: {e}")))?;
-        let ready = ready_rx
+        let dispatcher = Dispatcher::spawn(format!("hetmem-cuda{device}"), move |rx, closing| {
+            let ctx = contexts.get(device);
+            let stream = match driver::set_current(ctx).and_then(|()| stream_create()) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let (done_tx, done_rx) = channel::<Completion>();
+            let completer = contexts.clone();
+            let completion = std::thread::Builder::new()
+                .name(format!("hetmem-cuda{device}-done"))
+                .spawn(move || complete(completer.get(device), &completer, done_rx));
+            let completion = match completion {
+                Ok(t) => t,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(HalError::OutOfHostMemory(format!(
+                        "spawning an engine's completion thread: {e}"
+                    ))));
+                    // SAFETY: the stream is ours and unused.
+                    unsafe { sys::cuStreamDestroy_v2(stream) };
+                    return;
+                }
+            };
+            let _ = ready_tx.send(Ok(()));
+            run(stream, rx, closing, done_tx);
+            let _ = completion.join();
+        })?;
+        // A failure to start is reported before anything is submitted; dropping the
+        // dispatcher then joins the thread, which has returned.
+        ready_rx
             .recv()
-            .unwrap_or_else(|_| Err(HalError::Unexpected("the engine thread died".into())));
-        if let Err(e) = ready {
-            let _ = thread.join();
-            return Err(e);
-        }
-        Ok(CudaEngine {
-            tx: Mutex::new(Some(tx)),
-            closing,
-            thread: Mutex::new(Some(thread)),
-        })
+            .unwrap_or_else(|_| Err(HalError::Unexpected("the engine thread died".into())))?;
+        Ok(CudaEngine(dispatcher))
     }
 }
 
@@ -175,7 +154,7 @@ fn complete(ctx: CUcontext, _alive: &super::Contexts, rx: Receiver<Completion>) 
 fn run(
     stream: sys::CUstream,
     rx: Receiver<Vec<EngineOp>>,
-    closing: Arc<AtomicBool>,
+    closing: Closing,
     done: Sender<Completion>,
 ) {
     // Host work of the current batch not yet handed over, and whether device work was queued
@@ -217,11 +196,7 @@ fn run(
                 EngineOp::Wait(s) => {
                     // What came before the wait is reported without waiting for it.
                     flush(&mut pending, &mut device_work);
-                    while !abandoned && !s.wait_ns(WAIT_SLICE_NS) {
-                        if closing.load(Ordering::Acquire) {
-                            abandoned = true;
-                        }
-                    }
+                    abandoned = abandoned || closing.wait(s.as_ref());
                 }
                 EngineOp::Signal(s) => {
                     if !abandoned {
@@ -336,19 +311,6 @@ unsafe fn fill(stream: sys::CUstream, ptr: usize, pattern: &[u8], size: usize) {
 
 impl Engine for CudaEngine {
     unsafe fn submit(&self, ops: Vec<EngineOp>) {
-        if let Some(tx) = self.tx.lock().as_ref() {
-            // The receiver lives until the sender is dropped in `Drop`.
-            let _ = tx.send(ops);
-        }
-    }
-}
-
-impl Drop for CudaEngine {
-    fn drop(&mut self) {
-        self.closing.store(true, Ordering::Release);
-        drop(self.tx.lock().take());
-        if let Some(t) = self.thread.lock().take() {
-            let _ = t.join();
-        }
+        self.0.submit(ops);
     }
 }

@@ -284,14 +284,6 @@ impl Backend for CudaBackend {
         self.describe.clone()
     }
 
-    fn host_capacity(&self) -> u64 {
-        super::platform::total_ram()
-    }
-
-    fn host_page_size(&self) -> usize {
-        super::platform::os_page_size()
-    }
-
     fn devices(&self) -> &[DeviceInfo] {
         &self.devices
     }
@@ -496,10 +488,6 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn query_host_protection(&self, addr: usize, size: usize) -> Option<Protection> {
-        super::platform::host_protection(addr, size)
-    }
-
     fn register_host(&self, addr: usize, size: usize, read_only: bool) -> Result<()> {
         self.bind(0)?;
         driver::host_register(addr, size, read_only)
@@ -559,50 +547,7 @@ impl Backend for CudaBackend {
         ))
     }
 
-    fn numa_nodes(&self) -> Vec<u32> {
-        super::platform::numa_nodes()
-    }
-
-    fn current_numa_node(&self) -> u32 {
-        super::platform::current_numa_node()
-    }
-
-    fn start_broker(&self, make_handler: &dyn Fn() -> super::ipc::BrokerHandler) -> Result<u32> {
-        super::platform::start_broker(make_handler)
-    }
-
-    fn broker_request(
-        &self,
-        pid: u32,
-        nonce: u32,
-        request: &[u8; 64],
-        max_payload: usize,
-        max_fds: usize,
-    ) -> std::result::Result<super::ipc::BrokerAnswer, super::ipc::TransportError> {
-        super::platform::broker_request(pid, nonce, request, max_payload, max_fds)
-    }
-
-    fn broker_stats(&self) -> super::ipc::BrokerStats {
-        super::platform::broker_stats()
-    }
-
-    fn broker_name(&self, pid: u32, nonce: u32) -> String {
-        super::platform::broker_name(pid, nonce)
-    }
-
-    fn random_token(&self) -> Result<[u8; 16]> {
-        super::platform::random_token()
-    }
-
-    fn shareable_identity(&self, fd: BorrowedFd<'_>) -> Option<super::ipc::ShareableIdentity> {
-        super::platform::shareable_identity(fd)
-    }
-
     fn check_shareable(&self, _fd: BorrowedFd<'_>, _need: u64) -> std::result::Result<(), String> {
         Err("IPC import is not implemented on the cuda backend yet".into())
-    }
-
-    fn dup_shareable(&self, fd: BorrowedFd<'_>) -> Result<OwnedFd> {
-        super::platform::dup(fd, "a shareable handle")
     }
 }

@@ -8,46 +8,24 @@
 //! stores past 4 MiB, as `memset` does) and by a doubling `memcpy` of the pattern elsewhere
 //! and for small fills.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::Arc;
-use std::thread::JoinHandle;
-
-use parking_lot::Mutex;
-
-use crate::backend::{Engine, EngineOp};
-use crate::backend::{HalError, Result};
-
-/// How long one wait slice lasts before the engine checks whether it is being dropped.
-const WAIT_SLICE_NS: u64 = 10_000_000;
+use crate::backend::dispatch::{Closing, Dispatcher};
+use crate::backend::{Engine, EngineOp, Result};
 
 /// A worker thread executing batches of operations in submission order.
 #[derive(Debug)]
-pub struct HostEngine {
-    tx: Mutex<Option<Sender<Vec<EngineOp>>>>,
-    closing: Arc<AtomicBool>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-}
+pub struct HostEngine(Dispatcher);
 
 impl HostEngine {
-    /// Starts the worker thread (`std::thread::Builder::spawn`), named `hetmem-dev{device}`.
+    /// Starts the worker thread, named `hetmem-dev{device}`.
     pub fn new(device: u32) -> Result<HostEngine> {
-        let (tx, rx) = channel::<Vec<EngineOp>>();
-        let closing = Arc::new(AtomicBool::new(false));
-        let c = closing.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("hetmem-dev{device}"))
-            .spawn(move || run(rx, c))
-            .map_err(|e| HalError::OutOfHostMemory(format!("spawning an engine thread: {e}")))?;
-        Ok(HostEngine {
-            tx: Mutex::new(Some(tx)),
-            closing,
-            thread: Mutex::new(Some(thread)),
-        })
+        Ok(HostEngine(Dispatcher::spawn(
+            format!("hetmem-dev{device}"),
+            run,
+        )?))
     }
 }
 
-fn run(rx: Receiver<Vec<EngineOp>>, closing: Arc<AtomicBool>) {
+fn run(rx: std::sync::mpsc::Receiver<Vec<EngineOp>>, closing: Closing) {
     while let Ok(batch) = rx.recv() {
         let mut abandoned = false;
         for op in batch {
@@ -65,15 +43,7 @@ fn run(rx: Receiver<Vec<EngineOp>>, closing: Arc<AtomicBool>) {
                         unsafe { fill(ptr as *mut u8, &pattern, size) };
                     }
                 }
-                EngineOp::Wait(s) => {
-                    while !abandoned && !s.wait_ns(WAIT_SLICE_NS) {
-                        if closing.load(Ordering::Acquire) {
-                            // Dropped while waiting on something that never came: skip the
-                            // memory work of this batch, still run its bookkeeping.
-                            abandoned = true;
-                        }
-                    }
-                }
+                EngineOp::Wait(s) => abandoned = abandoned || closing.wait(s.as_ref()),
                 EngineOp::Signal(s) => {
                     if !abandoned {
                         s.signal();
@@ -188,21 +158,7 @@ unsafe fn fill_wide(dst: *mut u8, pattern: &[u8], size: usize) {
 
 impl Engine for HostEngine {
     unsafe fn submit(&self, ops: Vec<EngineOp>) {
-        if let Some(tx) = self.tx.lock().as_ref() {
-            // The receiver lives until the sender is dropped in `Drop`, so this cannot fail.
-            let _ = tx.send(ops);
-        }
-    }
-}
-
-impl Drop for HostEngine {
-    fn drop(&mut self) {
-        self.closing.store(true, Ordering::Release);
-        // Closing the channel ends the worker's loop once the submitted work is done.
-        drop(self.tx.lock().take());
-        if let Some(t) = self.thread.lock().take() {
-            let _ = t.join();
-        }
+        self.0.submit(ops);
     }
 }
 

@@ -40,8 +40,7 @@ pub(crate) use managed::stream_copy;
 
 // The Linux platform layer shared with every backend on Linux.
 pub(crate) use super::platform::{
-    current_numa_node, host_protection, numa_nodes, os_error, os_page_size, raise_fd_limit,
-    total_ram,
+    current_numa_node, numa_nodes, os_error, os_page_size, raise_fd_limit,
 };
 use hetmem_linux::broker as ipc;
 
@@ -244,14 +243,6 @@ impl Backend for HostBackend {
         )
     }
 
-    fn host_capacity(&self) -> u64 {
-        total_ram()
-    }
-
-    fn host_page_size(&self) -> usize {
-        os_page_size()
-    }
-
     fn devices(&self) -> &[DeviceInfo] {
         &self.devices
     }
@@ -376,10 +367,6 @@ impl Backend for HostBackend {
         }
     }
 
-    fn query_host_protection(&self, addr: usize, size: usize) -> Option<Protection> {
-        host_protection(addr, size)
-    }
-
     fn register_host(&self, _addr: usize, _size: usize, _read_only: bool) -> Result<()> {
         Ok(())
     }
@@ -437,51 +424,8 @@ impl Backend for HostBackend {
         Ok(RawPhysical(fd.into_raw_fd() as u64))
     }
 
-    fn numa_nodes(&self) -> Vec<u32> {
-        numa_nodes()
-    }
-
-    fn current_numa_node(&self) -> u32 {
-        current_numa_node()
-    }
-
-    fn start_broker(&self, make_handler: &dyn Fn() -> super::ipc::BrokerHandler) -> Result<u32> {
-        super::platform::start_broker(make_handler)
-    }
-
-    fn broker_request(
-        &self,
-        pid: u32,
-        nonce: u32,
-        request: &[u8; 64],
-        max_payload: usize,
-        max_fds: usize,
-    ) -> std::result::Result<super::ipc::BrokerAnswer, super::ipc::TransportError> {
-        super::platform::broker_request(pid, nonce, request, max_payload, max_fds)
-    }
-
-    fn broker_stats(&self) -> super::ipc::BrokerStats {
-        super::platform::broker_stats()
-    }
-
-    fn broker_name(&self, pid: u32, nonce: u32) -> String {
-        ipc::broker_name(pid, nonce)
-    }
-
-    fn random_token(&self) -> Result<[u8; 16]> {
-        super::platform::random_token()
-    }
-
-    fn shareable_identity(&self, fd: BorrowedFd<'_>) -> Option<super::ipc::ShareableIdentity> {
-        super::platform::shareable_identity(fd)
-    }
-
     fn check_shareable(&self, fd: BorrowedFd<'_>, need: u64) -> std::result::Result<(), String> {
         check_sealed_memfd(fd, need)
-    }
-
-    fn dup_shareable(&self, fd: BorrowedFd<'_>) -> Result<OwnedFd> {
-        super::platform::dup(fd, "a shareable handle")
     }
 }
 
