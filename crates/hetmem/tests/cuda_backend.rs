@@ -166,6 +166,74 @@ fn device_physical_memory_maps_at_offsets_and_holds_what_the_device_writes() {
     ctx.free_reservation(r).unwrap();
 }
 
+/// A physical object mapped whole is one driver allocation (the fast path); the first
+/// operation on a piece of it (here: an unmap of one page of one of two mappings, then a
+/// protect of one page of the other) splits it into granules. Both mappings keep every byte
+/// written before the split and stay one memory afterwards.
+#[test]
+fn a_piece_of_a_whole_mapping_is_split_off_without_losing_contents_or_sharing() {
+    let Some(rt) = cuda("split on a piece") else {
+        return;
+    };
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device_ref(0).unwrap();
+    let page = ctx.query_page_size(dev, 1).unwrap();
+    let (a, b) = (
+        ctx.reserve(None, 4 * page).unwrap(),
+        ctx.reserve(None, 4 * page).unwrap(),
+    );
+    let phys = ctx
+        .create_physical_memory(Some(dev), PhysicalMemoryFlags::AllocateOnDevice, 4 * page)
+        .unwrap();
+    ctx.map(a.base, 4 * page, phys, 0, AccessAttribute::ReadWrite)
+        .unwrap();
+    ctx.map(b.base, 4 * page, phys, 0, AccessAttribute::ReadWrite)
+        .unwrap();
+    for i in 0..4u8 {
+        fill(&ctx, &rt, a.base + i as usize * page, &[0x10 + i], page);
+    }
+    // Through the other mapping: the same bytes.
+    for i in 0..4u8 {
+        let at = b.base + i as usize * page + page - 8;
+        assert_eq!(read_back(&ctx, &rt, at, 8), [0x10 + i; 8], "page {i}");
+    }
+    // Unmap page 1 of mapping A: the allocation is split, both mappings re-made.
+    ctx.unmap(a.base + page, page).unwrap();
+    for i in [0u8, 2, 3] {
+        assert_eq!(
+            read_back(&ctx, &rt, a.base + i as usize * page, 8),
+            [0x10 + i; 8],
+            "A page {i} after the split"
+        );
+    }
+    for i in 0..4u8 {
+        assert_eq!(
+            read_back(&ctx, &rt, b.base + i as usize * page, 8),
+            [0x10 + i; 8],
+            "B page {i} after the split"
+        );
+    }
+    // Still one memory: a write through B shows through A.
+    fill(&ctx, &rt, b.base + 3 * page, &[0xEE], 16);
+    assert_eq!(read_back(&ctx, &rt, a.base + 3 * page, 16), [0xEE; 16]);
+    // Page 1 mapped again from the object holds what was written before.
+    ctx.map(a.base + page, page, phys, page, AccessAttribute::ReadWrite)
+        .unwrap();
+    assert_eq!(read_back(&ctx, &rt, a.base + page, 8), [0x11; 8]);
+    // A protect of one page of B (already granules) leaves its neighbours writable.
+    ctx.set_access_attribute(b.base + 2 * page, page, AccessAttribute::ReadOnly)
+        .unwrap();
+    fill(&ctx, &rt, b.base + page, &[0x77], 8);
+    assert_eq!(read_back(&ctx, &rt, a.base + page, 8), [0x77; 8]);
+    assert_eq!(read_back(&ctx, &rt, b.base + 2 * page, 8), [0x12; 8]);
+    // Unmapped everywhere, the object can be destroyed.
+    ctx.unmap(a.base, 4 * page).unwrap();
+    ctx.unmap(b.base, 4 * page).unwrap();
+    ctx.destroy_physical_memory(phys).unwrap();
+    ctx.free_reservation(a).unwrap();
+    ctx.free_reservation(b).unwrap();
+}
+
 #[test]
 fn access_attributes_are_recorded_per_page_and_set_by_the_driver() {
     let Some(rt) = cuda("access attributes") else {
@@ -196,8 +264,24 @@ fn access_attributes_are_recorded_per_page_and_set_by_the_driver() {
         ctx.get_access_attribute(r.base + 2 * page, page).unwrap(),
         (AccessAttribute::None, page)
     );
-    // The read-only page is still readable by the device; read-write again, writable.
-    assert_eq!(read_back(&ctx, &rt, r.base + page, 4).len(), 4);
+    // The read-only page is still readable by the device, and a device write into it is
+    // refused (the driver also refuses one: cuMemsetD8 into a PROT_READ mapping answers
+    // CUDA_ERROR_INVALID_VALUE, measured): nothing changes and the context stays usable.
+    let before = read_back(&ctx, &rt, r.base + page, 16);
+    let list = ctx.create_immediate_command_list(dev).unwrap();
+    let e = list
+        .append_memory_fill(r.base + page, &[0xAB], 16, None, &[])
+        .unwrap_err();
+    assert_eq!(
+        e.ze_result(),
+        0x7800_0004, /* INVALID_ARGUMENT */
+        "{e}"
+    );
+    assert!(e.message().contains("ReadOnly"), "{e}");
+    assert_eq!(read_back(&ctx, &rt, r.base + page, 16), before);
+    fill(&ctx, &rt, r.base, &[0x3C], 16);
+    assert_eq!(read_back(&ctx, &rt, r.base, 16), [0x3C; 16]);
+    // Read-write again: writable.
     ctx.set_access_attribute(r.base, 4 * page, AccessAttribute::ReadWrite)
         .unwrap();
     fill(&ctx, &rt, r.base + 2 * page, &[9], 8);

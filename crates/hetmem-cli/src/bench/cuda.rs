@@ -3,11 +3,23 @@
 //! layer directly, not through hetmem). Needs an NVIDIA GPU; elsewhere it says why and stops.
 //!
 //! Sizes are one granule (2 MiB on an H200): the page size the cuda backend reports.
+//!
+//! The KV-cache growth rows give the cost per 2 MiB of growing a cache by chunks of
+//! [`KV_CHUNK`] granules (one physical object each, created or taken from a pool, mapped whole
+//! with its access set: one `cuMemMap` and one `cuMemSetAccess` per chunk) against the naive
+//! per-2 MiB `cuMemCreate + cuMemMap + cuMemSetAccess`; the release rows likewise (`unmap` of a
+//! chunk, back to the pool or destroyed, against `cuMemUnmap + cuMemRelease` per 2 MiB). Their
+//! `*_speedup` JSON fields are baseline / hetmem. The managed row prefetches 1 GiB of managed
+//! memory from the host to the GPU against a `cuMemcpyHtoD` of the same bytes from pinned
+//! memory.
 
 use std::time::Instant;
 
 use cudarc::driver::sys;
-use hetmem::{AccessAttribute, AllocDesc, BackendKind, PhysicalMemoryFlags, Runtime};
+use hetmem::{
+    AccessAttribute, AllocDesc, BackendKind, Context, Device, Location, PhysicalMemory,
+    PhysicalMemoryFlags, Runtime,
+};
 
 use super::{alternate, e2s, key, size_name, Args, Row, Unit};
 
@@ -331,6 +343,9 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
         "cuMemAlloc + cuMemFree (not exportable)",
     ));
 
+    rows.extend(kv_growth(args, &ctx, &dev, page, &p)?);
+    rows.push(managed_prefetch(args, &ctx, &dev)?);
+
     // Device-to-device copy bandwidth through a command list against cuMemcpyAsync.
     let big = 1usize << 30;
     let src = ctx.alloc_device(&dev, &AllocDesc::new(big)).map_err(e2s)?;
@@ -397,4 +412,253 @@ fn row(op: &'static str, page: usize, k: &str, h: f64, b: f64, baseline: &'stati
         baseline,
         target: None,
     }
+}
+
+/// Granules per physical chunk on the KV-cache growth path (32 MiB on an H200).
+pub const KV_CHUNK: usize = 16;
+
+/// The KV-cache growth and release rows (see the module docs).
+fn kv_growth(
+    args: &Args,
+    ctx: &Context,
+    dev: &Device,
+    page: usize,
+    p: &sys::CUmemAllocationProp,
+) -> Result<Vec<Row>, String> {
+    let chunks = 32; // 512 granules: 1 GiB on an H200
+    let chunk = KV_CHUNK * page;
+    let granules = chunks * KV_CHUNK;
+    let span = chunks * chunk;
+    let res = ctx.reserve(None, span).map_err(e2s)?;
+    let mut pool: Vec<PhysicalMemory> = Vec::new();
+    for _ in 0..chunks {
+        pool.push(
+            ctx.create_physical_memory(Some(dev), PhysicalMemoryFlags::AllocateOnDevice, chunk)
+                .map_err(e2s)?,
+        );
+    }
+    let mut raw_va = 0;
+    // SAFETY: a reservation for the baseline.
+    unsafe {
+        ok(
+            "cuMemAddressReserve",
+            sys::cuMemAddressReserve(&mut raw_va, span, page, 0, 0),
+        )?;
+    }
+    let per = |t: Instant| t.elapsed().as_nanos() as f64 / granules as f64;
+    // Growth then release, per 2 MiB: with chunks created on the way, from the pool, and naive.
+    let created = |ctx: &Context| -> Result<(f64, f64), String> {
+        let t = Instant::now();
+        let mut objs = Vec::with_capacity(chunks);
+        for i in 0..chunks {
+            let ph = ctx
+                .create_physical_memory(Some(dev), PhysicalMemoryFlags::AllocateOnDevice, chunk)
+                .map_err(e2s)?;
+            ctx.map(
+                res.base + i * chunk,
+                chunk,
+                ph,
+                0,
+                AccessAttribute::ReadWrite,
+            )
+            .map_err(e2s)?;
+            objs.push(ph);
+        }
+        let g = per(t);
+        let t = Instant::now();
+        for (i, ph) in objs.into_iter().enumerate() {
+            ctx.unmap(res.base + i * chunk, chunk).map_err(e2s)?;
+            ctx.destroy_physical_memory(ph).map_err(e2s)?;
+        }
+        Ok((g, per(t)))
+    };
+    let pooled = |ctx: &Context, pool: &[PhysicalMemory]| -> Result<(f64, f64), String> {
+        let t = Instant::now();
+        for (i, &ph) in pool.iter().enumerate() {
+            ctx.map(
+                res.base + i * chunk,
+                chunk,
+                ph,
+                0,
+                AccessAttribute::ReadWrite,
+            )
+            .map_err(e2s)?;
+        }
+        let g = per(t);
+        let t = Instant::now();
+        for i in 0..pool.len() {
+            ctx.unmap(res.base + i * chunk, chunk).map_err(e2s)?;
+        }
+        Ok((g, per(t)))
+    };
+    let naive = || -> Result<(f64, f64), String> {
+        let t = Instant::now();
+        let mut hs = Vec::with_capacity(granules);
+        for i in 0..granules {
+            let a = raw_va + (i * page) as u64;
+            let mut h = 0;
+            // SAFETY: one granule created and mapped into an unmapped part of our reservation.
+            unsafe {
+                ok("cuMemCreate", sys::cuMemCreate(&mut h, page, p, 0))?;
+                ok("cuMemMap", sys::cuMemMap(a, page, 0, h, 0))?;
+                ok("cuMemSetAccess", sys::cuMemSetAccess(a, page, &rw(RW), 1))?;
+            }
+            hs.push(h);
+        }
+        let g = per(t);
+        let t = Instant::now();
+        for (i, h) in hs.into_iter().enumerate() {
+            // SAFETY: mapped above, unused.
+            unsafe {
+                ok(
+                    "cuMemUnmap",
+                    sys::cuMemUnmap(raw_va + (i * page) as u64, page),
+                )?;
+                ok("cuMemRelease", sys::cuMemRelease(h))?;
+            }
+        }
+        Ok((g, per(t)))
+    };
+    let (mut cg, mut cr, mut pg, mut pr, mut ng, mut nr) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    for round in 0..=args.rounds.max(3) {
+        let order: [u8; 3] = match round % 3 {
+            0 => [0, 1, 2],
+            1 => [1, 2, 0],
+            _ => [2, 0, 1],
+        };
+        for k in order {
+            let (g, r) = match k {
+                0 => created(ctx)?,
+                1 => pooled(ctx, &pool)?,
+                _ => naive()?,
+            };
+            if round > 0 {
+                let (gv, rv) = match k {
+                    0 => (&mut cg, &mut cr),
+                    1 => (&mut pg, &mut pr),
+                    _ => (&mut ng, &mut nr),
+                };
+                gv.push(g);
+                rv.push(r);
+            }
+        }
+    }
+    for ph in pool {
+        ctx.destroy_physical_memory(ph).map_err(e2s)?;
+    }
+    ctx.free_reservation(res).map_err(e2s)?;
+    // SAFETY: the baseline's reservation, empty.
+    unsafe {
+        let _ = sys::cuMemAddressFree(raw_va, span);
+    }
+    use super::median;
+    let (cg, cr, pg, pr, ng, nr) = (
+        median(cg),
+        median(cr),
+        median(pg),
+        median(pr),
+        median(ng),
+        median(nr),
+    );
+    let kv = |op, k: &str, h: f64, b: f64, baseline, target| {
+        super::json_extra(&format!("{}_speedup", key(k, page)), b / h);
+        Row {
+            unit: Unit::Ns,
+            op,
+            size: size_name(page),
+            key: key(k, page),
+            hetmem_ns: h,
+            baseline_ns: Some(b),
+            baseline,
+            target,
+        }
+    };
+    Ok(vec![
+        kv(
+            "kv grow (new chunk)",
+            "kv_grow_created",
+            cg,
+            ng,
+            "cuMemCreate+cuMemMap+cuMemSetAccess per 2MiB",
+            Some("<= 0.125 (8x)"),
+        ),
+        kv(
+            "kv grow (pooled)",
+            "kv_grow_pooled",
+            pg,
+            ng,
+            "cuMemCreate+cuMemMap+cuMemSetAccess per 2MiB",
+            Some("<= 0.125 (8x)"),
+        ),
+        kv(
+            "kv release (destroy)",
+            "kv_release_destroyed",
+            cr,
+            nr,
+            "cuMemUnmap+cuMemRelease per 2MiB",
+            None,
+        ),
+        kv(
+            "kv release (to pool)",
+            "kv_release_pooled",
+            pr,
+            nr,
+            "cuMemUnmap+cuMemRelease per 2MiB",
+            None,
+        ),
+    ])
+}
+
+/// Managed memory prefetched host -> GPU (1 GiB, resident on the host first) against a
+/// `cuMemcpyHtoD` of 1 GiB from pinned host memory, in GiB/s.
+fn managed_prefetch(args: &Args, ctx: &Context, dev: &Device) -> Result<Row, String> {
+    let size = 1usize << 30;
+    let m = ctx.alloc_managed(size as u64, 1).map_err(e2s)?;
+    let s = ctx.create_stream(dev).map_err(e2s)?;
+    let (mut pinned, mut dptr) = (std::ptr::null_mut(), 0);
+    // SAFETY: pinned host memory and device memory for the baseline.
+    unsafe {
+        ok("cuMemAllocHost", sys::cuMemAllocHost_v2(&mut pinned, size))?;
+        ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut dptr, size))?;
+        std::ptr::write_bytes(pinned as *mut u8, 3, size);
+    }
+    let gib = size as f64 / (1u64 << 30) as f64;
+    let r = alternate(
+        args.rounds.max(3),
+        || {
+            // Back on the host first (not timed), then to the GPU.
+            ctx.mem_prefetch(m, size, Location::Host, 0, &s)
+                .map_err(e2s)?;
+            s.synchronize().map_err(e2s)?;
+            let t = Instant::now();
+            ctx.mem_prefetch(m, size, Location::Device(0), 0, &s)
+                .map_err(e2s)?;
+            s.synchronize().map_err(e2s)?;
+            Ok(gib / t.elapsed().as_secs_f64())
+        },
+        || {
+            let t = Instant::now();
+            // SAFETY: both buffers are ours and `size` long.
+            unsafe { ok("cuMemcpyHtoD", sys::cuMemcpyHtoD_v2(dptr, pinned, size))? };
+            Ok(gib / t.elapsed().as_secs_f64())
+        },
+    );
+    // SAFETY: the baseline's buffers, idle.
+    unsafe {
+        let _ = sys::cuMemFreeHost(pinned);
+        let _ = sys::cuMemFree_v2(dptr);
+    }
+    ctx.free_managed(m).map_err(e2s)?;
+    let (h, b) = r?;
+    Ok(Row {
+        unit: Unit::GiBps,
+        op: "managed prefetch h->d",
+        size: "1 GiB",
+        key: "managed_prefetch_to_device_1g".into(),
+        hetmem_ns: h,
+        baseline_ns: Some(b),
+        baseline: "cuMemcpyHtoD from pinned memory",
+        target: Some(">= 0.8"),
+    })
 }

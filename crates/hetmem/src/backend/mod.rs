@@ -278,8 +278,8 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// Creates a physical memory object of `size` bytes at `location`.
     ///
-    /// CUDA: `cuMemCreate` with `CU_MEM_LOCATION_TYPE_DEVICE` (or `_HOST`) and a POSIX-fd
-    /// shareable handle type. Host: `memfd_create` + `ftruncate` + `F_ADD_SEALS(GROW|SHRINK|SEAL)`.
+    /// CUDA: one `cuMemCreate` of the whole size with `CU_MEM_LOCATION_TYPE_DEVICE` (or
+    /// `_HOST_NUMA`) and a POSIX-fd shareable handle type. Host: `memfd_create` + `ftruncate` + `F_ADD_SEALS(GROW|SHRINK|SEAL)`.
     fn create_physical(&self, location: PhysicalLocation, size: usize) -> Result<RawPhysical>;
 
     /// Destroys a physical memory object.
@@ -309,10 +309,10 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// Unmaps `[addr, addr+size)`, which stays reserved and inaccessible. The range may be any
     /// page-aligned sub-range of earlier [`Backend::map`] ranges, and may span several of them;
-    /// a platform that can only unmap whole mappings (CUDA) unmaps them and maps back the parts
-    /// outside the range.
+    /// a platform that can only unmap whole mappings (CUDA) first splits a mapping the range
+    /// covers in part (see the cuda backend's module docs).
     ///
-    /// CUDA: `cuMemUnmap` (+ `cuMemMap` of the remainders). Host: `mmap(PROT_NONE, MAP_FIXED |
+    /// CUDA: `cuMemUnmap` of each whole mapping (after a split where needed). Host: `mmap(PROT_NONE, MAP_FIXED |
     /// MAP_NORESERVE)` over the range, which puts the placeholder back.
     ///
     /// # Safety

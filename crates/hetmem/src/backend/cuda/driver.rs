@@ -339,6 +339,32 @@ pub(crate) unsafe fn set_access(
     )
 }
 
+/// `cuCtxSynchronize`: waits until every stream of the calling thread's current context has
+/// finished its work.
+pub(crate) fn ctx_synchronize() -> Result<(), HalError> {
+    // SAFETY: no arguments.
+    check(
+        "cuCtxSynchronize",
+        unsafe { sys::cuCtxSynchronize() },
+        false,
+    )
+}
+
+/// `cuMemcpyDtoD(dst, src, size)`: a copy between device-accessible ranges, finished when it
+/// returns (for device memory the call is synchronous with respect to the host).
+///
+/// # Safety
+/// Both ranges are mapped and accessible to the current context's device for `size` bytes.
+pub(crate) unsafe fn memcpy_dtod(dst: usize, src: usize, size: usize) -> Result<(), HalError> {
+    // SAFETY: forwarded contract.
+    check(
+        "cuMemcpyDtoD",
+        unsafe { sys::cuMemcpyDtoD_v2(dst as CUdeviceptr, src as CUdeviceptr, size) },
+        false,
+    )?;
+    ctx_synchronize()
+}
+
 /// `cuMemHostAlloc(&p, size, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP)`: pinned
 /// host memory every context can reach at the same address.
 pub(crate) fn host_alloc(size: usize) -> Result<usize, HalError> {

@@ -3,27 +3,46 @@
 //! | operation | driver calls |
 //! |---|---|
 //! | reserve / release | `cuMemAddressReserve` / `cuMemAddressFree` |
-//! | create physical (device) | one `cuMemCreate` per granule (2 MiB on an H200), location `CU_MEM_LOCATION_TYPE_DEVICE`, POSIX-fd shareable |
+//! | create physical (device) | one `cuMemCreate` of the whole size (rounded up to the granule, 2 MiB on an H200), location `CU_MEM_LOCATION_TYPE_DEVICE`, POSIX-fd shareable |
 //! | create physical (host) | the same with `CU_MEM_LOCATION_TYPE_HOST_NUMA` (the calling thread's node) |
-//! | destroy physical | `cuMemRelease` of each granule |
-//! | map | `cuMemMap` of each granule, then one `cuMemSetAccess` over the range for every device that can reach it (and the host, for host memory) |
-//! | unmap | `cuMemUnmap` of each granule of the range |
-//! | protect | one `cuMemSetAccess` over the range (NONE is `CU_MEM_ACCESS_FLAGS_PROT_NONE`) |
+//! | destroy physical | `cuMemRelease` of each allocation (mappings keep theirs alive) |
+//! | map | `cuMemMap` of each allocation in the range, then one `cuMemSetAccess` over the range for every device that can reach it (and the host, for host memory) |
+//! | unmap | `cuMemUnmap` of each mapping of the range |
+//! | protect | one `cuMemSetAccess` per run of one location (NONE is `CU_MEM_ACCESS_FLAGS_PROT_NONE`) |
 //! | alloc device | `cuMemCreate` + `cuMemAddressReserve` + `cuMemMap` + `cuMemSetAccess` (exportable, unlike `cuMemAlloc`) |
 //! | alloc host / shared | `cuMemHostAlloc(PORTABLE \| DEVICEMAP)` / `cuMemAllocManaged(CU_MEM_ATTACH_GLOBAL)` |
 //! | register host | `cuMemHostRegister(PORTABLE \| DEVICEMAP [\| READ_ONLY])` / `cuMemHostUnregister` |
 //! | engines | a stream each ([`engine`]) |
 //!
-//! # Why one allocation per granule
+//! # Physical objects: one allocation, split into granules when a piece is needed
 //! `cuMemMap` maps an allocation only whole, at offset 0 (`CUDA_ERROR_NOT_SUPPORTED`
 //! otherwise), and `cuMemUnmap` / `cuMemSetAccess` take only whole mappings
 //! (`CUDA_ERROR_INVALID_VALUE` for a sub-range: both measured on an H200, driver 580). Level Zero
 //! maps any page-aligned piece of a physical object at any offset, unmaps any page-aligned
-//! piece of a mapping and sets access per page. So a physical object is made of one
-//! allocation per granule (the page size this backend reports, from
-//! `cuMemGetAllocationGranularity`), and every granule is its own mapping: then every
-//! page-aligned range is a run of whole mappings, and access is one `cuMemSetAccess` per
-//! contiguous run.
+//! piece of a mapping and sets access per page.
+//!
+//! What a mapping costs is per *allocation*, not per byte (H200, driver 580, measured with a
+//! ctypes probe): `cuMemSetAccess` takes about 30 µs for one allocation of 2 MiB and about
+//! 46 µs for one of 32 MiB, but about 28 µs *per allocation* when one call covers a run of
+//! 2 MiB allocations; `cuMemUnmap` about 18-20 µs per allocation likewise. So one allocation
+//! per granule would make every map cost what the naive per-2 MiB sequence costs.
+//!
+//! A physical object is therefore made as **one** allocation ([`Chunk`]) and mapped whole with
+//! one `cuMemMap` and one `cuMemSetAccess`, the fast path that a KV cache growing by whole
+//! chunks takes (3 µs per 2 MiB for a 32 MiB chunk, against about 35 µs for `cuMemCreate` +
+//! `cuMemMap` + `cuMemSetAccess` per 2 MiB). The first operation that needs a *piece* of an
+//! allocation (a map of part of the object, an unmap or a protect of part of a mapping, an
+//! IPC export) **splits** it: one new allocation per granule, the contents copied device to
+//! device (`cuMemcpyDtoD`, after `cuCtxSynchronize` so that no queued work still writes it),
+//! and every mapping of the old allocation re-made over the granules with its protection. A
+//! split costs about one `cuMemCreate` + `cuMemMap` + `cuMemSetAccess` per granule and
+//! happens at most once per allocation; it needs the granules' memory while the copy runs,
+//! so near a full device it can fail with `OutOfDeviceMemory` (then nothing has changed).
+//! After a split every page-aligned range is a run of whole mappings.
+//!
+//! A split is not atomic for a host thread writing *host* physical memory (`HOST_NUMA`)
+//! through another mapping of the same object while the split runs: such a write can be lost.
+//! Device memory is written only by device work, which the split waits for.
 //!
 //! # What is not here yet
 //! IPC export and import (`cuMemExportToShareableHandle` gives an fd of `/dev/nvidiactl`, not a
@@ -55,11 +74,44 @@ enum Home {
     HostNuma(u32),
 }
 
-/// A physical object: its granules, in order (each `granule` bytes, one `cuMemCreate`).
+/// One allocation (`cuMemCreate`, or `cuMemImportFromShareableHandle`) of `granules`
+/// granules at `home`. The physical object and every mapping of it hold it (`Arc`); the last
+/// to let go releases it (`cuMemRelease`).
+#[derive(Debug)]
+struct Chunk {
+    handle: driver::CUmemGenericAllocationHandle,
+    granules: usize,
+    home: Home,
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        // SAFETY: this is the last holder of the handle; the driver keeps the memory while a
+        // mapping of it exists (there is none left: mappings hold the chunk).
+        unsafe { driver::mem_release(self.handle) };
+    }
+}
+
+/// A physical object: its allocations, in order, tiling it.
 #[derive(Debug)]
 struct Physical {
-    granules: Vec<driver::CUmemGenericAllocationHandle>,
+    chunks: Vec<Arc<Chunk>>,
     home: Home,
+}
+
+/// One CUDA mapping: the whole of `chunk`, with protection `prot`.
+#[derive(Debug, Clone)]
+struct Mapping {
+    chunk: Arc<Chunk>,
+    prot: Protection,
+}
+
+/// The physical objects and the mappings, under one lock (a split changes both).
+#[derive(Debug, Default)]
+struct State {
+    physical: HashMap<u64, Physical>,
+    /// Every CUDA mapping, by start address.
+    mapped: BTreeMap<usize, Mapping>,
 }
 
 /// A USM allocation and how to free it.
@@ -126,9 +178,9 @@ pub(crate) struct CudaBackend {
     granule: usize,
     describe: String,
     next_id: AtomicU64,
-    physical: Mutex<HashMap<u64, Physical>>,
-    /// Every mapped granule: address -> (handle, where its memory lives).
-    mapped: Mutex<BTreeMap<usize, (driver::CUmemGenericAllocationHandle, Home)>>,
+    state: Mutex<State>,
+    /// How many allocations were split into granules (see the module docs).
+    splits: AtomicU64,
     allocs: Mutex<HashMap<u64, Alloc>>,
 }
 
@@ -205,8 +257,8 @@ impl CudaBackend {
             granule,
             describe,
             next_id: AtomicU64::new(1),
-            physical: Mutex::new(HashMap::new()),
-            mapped: Mutex::new(BTreeMap::new()),
+            state: Mutex::new(State::default()),
+            splits: AtomicU64::new(0),
             allocs: Mutex::new(HashMap::new()),
         };
         b.bind(0).map_err(e)?;
@@ -250,26 +302,181 @@ impl CudaBackend {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Sets `prot` over the mapped granules of `[addr, addr+size)`: one `cuMemSetAccess` per
-    /// run of granules of one location.
-    ///
-    /// # Safety
-    /// Every granule of the range is mapped.
-    unsafe fn set_access_runs(&self, addr: usize, size: usize, prot: Protection) -> Result<()> {
-        let runs: Vec<(usize, usize, Home)> = {
-            let m = self.mapped.lock();
-            let mut runs: Vec<(usize, usize, Home)> = Vec::new();
-            for (&a, &(_, loc)) in m.range(addr..addr + size) {
-                match runs.last_mut() {
-                    Some((_, end, l)) if *end == a && *l == loc => *end += self.granule,
-                    _ => runs.push((a, a + self.granule, loc)),
-                }
-            }
-            runs
+    /// The location of `home`'s memory.
+    fn location(home: Home) -> sys::CUmemLocation {
+        match home {
+            Home::Device(d) => driver::device_location(d),
+            Home::HostNuma(n) => driver::host_numa_location(n),
+        }
+    }
+
+    /// Splits `chunk` (more than one granule) into one allocation per granule: new
+    /// allocations, the contents copied, every mapping of it re-made over them with its
+    /// protection, and the physical object that holds it (if any) given the granules instead.
+    /// On error nothing has changed. See the module docs.
+    fn split(&self, st: &mut State, chunk: &Arc<Chunk>) -> Result<()> {
+        let g = self.granule;
+        let n = chunk.granules;
+        let size = n * g;
+        let home = chunk.home;
+        let device = match home {
+            Home::Device(d) => d,
+            Home::HostNuma(_) => 0,
         };
+        self.bind(device)?;
+        let mut parts: Vec<Arc<Chunk>> = Vec::with_capacity(n);
+        for _ in 0..n {
+            let handle = driver::mem_create(g, Self::location(home))?;
+            parts.push(Arc::new(Chunk {
+                handle,
+                granules: 1,
+                home,
+            }));
+        }
+        // Copy: the old allocation and the granules side by side in a scratch reservation,
+        // read-write for the copying device. Queued work that writes the old one (from its own
+        // device or a peer) ends first.
+        for d in 0..self.devices.len() as u32 {
+            self.bind(d)?;
+            driver::ctx_synchronize()?;
+        }
+        self.bind(device)?;
+        let scratch = driver::address_reserve(2 * size, g, 0)?;
+        let rw = [sys::CUmemAccessDesc {
+            location: driver::device_location(device),
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        }];
+        let mut mapped: Vec<(usize, usize)> = Vec::new();
+        let copied = (|| -> Result<()> {
+            // SAFETY: fresh scratch space; each allocation mapped whole, then made accessible.
+            unsafe {
+                driver::mem_map(scratch, size, chunk.handle)?;
+                mapped.push((scratch, size));
+                for (i, p) in parts.iter().enumerate() {
+                    driver::mem_map(scratch + size + i * g, g, p.handle)?;
+                    mapped.push((scratch + size + i * g, g));
+                }
+                driver::set_access(scratch, 2 * size, &rw)?;
+                driver::memcpy_dtod(scratch + size, scratch, size)
+            }
+        })();
+        for &(a, len) in &mapped {
+            // SAFETY: scratch mappings made above, used by nothing else.
+            unsafe { driver::mem_unmap(a, len).ok() };
+        }
+        // SAFETY: the scratch reservation, now empty.
+        unsafe { driver::address_free(scratch, 2 * size).ok() };
+        copied?;
+        // Re-make every mapping of the old allocation over the granules.
+        let at: Vec<(usize, Protection)> = st
+            .mapped
+            .iter()
+            .filter(|(_, m)| Arc::ptr_eq(&m.chunk, chunk))
+            .map(|(&a, m)| (a, m.prot))
+            .collect();
+        for (k, &(a, prot)) in at.iter().enumerate() {
+            let remap = || -> Result<()> {
+                // SAFETY: `a` is a whole mapping of the old allocation; the granules replace it
+                // at the same addresses, then get its protection.
+                unsafe {
+                    driver::mem_unmap(a, size)?;
+                    for (i, p) in parts.iter().enumerate() {
+                        if let Err(e) = driver::mem_map(a + i * g, g, p.handle) {
+                            for j in 0..i {
+                                driver::mem_unmap(a + j * g, g).ok();
+                            }
+                            driver::mem_map(a, size, chunk.handle).ok();
+                            driver::set_access(a, size, &self.access(home, prot)).ok();
+                            return Err(e);
+                        }
+                    }
+                    driver::set_access(a, size, &self.access(home, prot))
+                }
+            };
+            if let Err(e) = remap() {
+                // Put the mappings already moved back on the old allocation.
+                for &(b, prot) in &at[..k] {
+                    // SAFETY: `b` holds the granules mapped above; the old allocation is alive.
+                    unsafe {
+                        driver::mem_unmap(b, size).ok();
+                        driver::mem_map(b, size, chunk.handle).ok();
+                        driver::set_access(b, size, &self.access(home, prot)).ok();
+                    }
+                }
+                return Err(e);
+            }
+        }
+        for &(a, prot) in &at {
+            st.mapped.remove(&a);
+            for (i, p) in parts.iter().enumerate() {
+                st.mapped.insert(
+                    a + i * g,
+                    Mapping {
+                        chunk: p.clone(),
+                        prot,
+                    },
+                );
+            }
+        }
+        for obj in st.physical.values_mut() {
+            if let Some(i) = obj.chunks.iter().position(|c| Arc::ptr_eq(c, chunk)) {
+                obj.chunks.splice(i..=i, parts.iter().cloned());
+                break;
+            }
+        }
+        let total = self.splits.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::debug!(
+            granules = n,
+            total,
+            "cuda: split an allocation into granules"
+        );
+        Ok(())
+    }
+
+    /// Splits every mapping that `[addr, addr+size)` covers only in part, so that the range is
+    /// a run of whole mappings.
+    fn split_partial_mappings(&self, st: &mut State, addr: usize, size: usize) -> Result<()> {
+        let g = self.granule;
+        let end = addr + size;
+        loop {
+            let partial = st
+                .mapped
+                .range(..end)
+                .rev()
+                .take_while(|(&a, m)| a + m.chunk.granules * g > addr)
+                .find(|(&a, m)| a < addr || a + m.chunk.granules * g > end)
+                .map(|(_, m)| m.chunk.clone());
+            match partial {
+                Some(c) => self.split(st, &c)?,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Sets `prot` over the mappings of `[addr, addr+size)` (whole mappings, see
+    /// [`CudaBackend::split_partial_mappings`]): one `cuMemSetAccess` per run of one location.
+    fn set_access_runs(
+        &self,
+        st: &mut State,
+        addr: usize,
+        size: usize,
+        prot: Protection,
+    ) -> Result<()> {
+        let g = self.granule;
+        let mut runs: Vec<(usize, usize, Home)> = Vec::new();
+        for (&a, m) in st.mapped.range(addr..addr + size) {
+            let e = a + m.chunk.granules * g;
+            match runs.last_mut() {
+                Some((_, end, l)) if *end == a && *l == m.chunk.home => *end = e,
+                _ => runs.push((a, e, m.chunk.home)),
+            }
+        }
         for (s, e, loc) in runs {
-            // SAFETY: a run of whole mapped granules.
+            // SAFETY: a run of whole mappings.
             unsafe { driver::set_access(s, e - s, &self.access(loc, prot))? };
+        }
+        for (_, m) in st.mapped.range_mut(addr..addr + size) {
+            m.prot = prot;
         }
         Ok(())
     }
@@ -309,40 +516,34 @@ impl Backend for CudaBackend {
             Home::Device(d) => driver::device_location(d),
             Home::HostNuma(n) => driver::host_numa_location(n),
         };
-        let n = size.div_ceil(self.granule);
-        let mut granules = Vec::with_capacity(n);
-        for _ in 0..n {
-            match driver::mem_create(self.granule, loc) {
-                Ok(h) => granules.push(h),
-                Err(e) => {
-                    for h in granules {
-                        // SAFETY: made above, never mapped.
-                        unsafe { driver::mem_release(h) };
-                    }
-                    return Err(match (e, location) {
-                        (HalError::Unsupported(m), PhysicalLocation::Host) => {
-                            HalError::Unsupported(format!(
-                                "{m}: this CUDA driver cannot make host physical memory \
-                                 (CU_MEM_LOCATION_TYPE_HOST_NUMA)"
-                            ))
-                        }
-                        (e, _) => e,
-                    });
-                }
-            }
-        }
+        let size = size.div_ceil(self.granule) * self.granule;
+        let handle = driver::mem_create(size, loc).map_err(|e| match (e, location) {
+            (HalError::Unsupported(m), PhysicalLocation::Host) => HalError::Unsupported(format!(
+                "{m}: this CUDA driver cannot make host physical memory \
+                 (CU_MEM_LOCATION_TYPE_HOST_NUMA)"
+            )),
+            (e, _) => e,
+        })?;
+        let chunk = Arc::new(Chunk {
+            handle,
+            granules: size / self.granule,
+            home,
+        });
         let id = self.id();
-        self.physical.lock().insert(id, Physical { granules, home });
+        self.state.lock().physical.insert(
+            id,
+            Physical {
+                chunks: vec![chunk],
+                home,
+            },
+        );
         Ok(RawPhysical(id))
     }
 
     unsafe fn destroy_physical(&self, raw: RawPhysical) {
-        if let Some(p) = self.physical.lock().remove(&raw.0) {
-            for h in p.granules {
-                // SAFETY: the caller gives the object up; mappings keep their memory alive.
-                unsafe { driver::mem_release(h) };
-            }
-        }
+        // The chunks are released by their last holder: this object, or a mapping of them.
+        let gone = self.state.lock().physical.remove(&raw.0);
+        drop(gone);
     }
 
     unsafe fn map(
@@ -355,45 +556,79 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         self.bind(0)?;
         let g = self.granule;
-        let (handles, loc) = {
-            let p = self.physical.lock();
-            let p = p.get(&raw.0).ok_or_else(|| {
+        let end = phys_offset + size;
+        let mut st = self.state.lock();
+        let home = loop {
+            let p = st.physical.get(&raw.0).ok_or_else(|| {
                 HalError::Unexpected(format!("physical object {} is not known", raw.0))
             })?;
-            let first = phys_offset / g;
-            let part = p.granules.get(first..first + size / g).ok_or_else(|| {
-                HalError::Unexpected(format!(
-                    "[{phys_offset:#x}, +{size:#x}) is outside physical object {} ({} granules)",
-                    raw.0,
-                    p.granules.len()
-                ))
-            })?;
-            (part.to_vec(), p.home)
+            let total: usize = p.chunks.iter().map(|c| c.granules * g).sum();
+            if end > total {
+                return Err(HalError::Unexpected(format!(
+                    "[{phys_offset:#x}, +{size:#x}) is outside physical object {} ({total:#x} \
+                     bytes)",
+                    raw.0
+                )));
+            }
+            // A chunk the piece covers only in part is split first.
+            let mut at = 0;
+            let mut partial = None;
+            for c in &p.chunks {
+                let (s, e) = (at, at + c.granules * g);
+                if s < end && e > phys_offset && (s < phys_offset || e > end) {
+                    partial = Some(c.clone());
+                    break;
+                }
+                at = e;
+            }
+            let home = p.home;
+            match partial {
+                Some(c) => self.split(&mut st, &c)?,
+                None => break home,
+            }
         };
-        let mut done = 0;
+        let chunks: Vec<Arc<Chunk>> = {
+            let p = &st.physical[&raw.0];
+            let mut at = 0;
+            p.chunks
+                .iter()
+                .filter(|c| {
+                    let s = at;
+                    at += c.granules * g;
+                    s >= phys_offset && s < end
+                })
+                .cloned()
+                .collect()
+        };
+        let mut va = addr;
         let mut result = Ok(());
-        for (i, &h) in handles.iter().enumerate() {
-            // SAFETY: the range is reserved and unmapped (caller), and `h` is one granule.
-            if let Err(e) = unsafe { driver::mem_map(addr + i * g, g, h) } {
+        let mut done = Vec::with_capacity(chunks.len());
+        for c in &chunks {
+            let len = c.granules * g;
+            // SAFETY: the range is reserved and unmapped (caller), and `c` is mapped whole.
+            if let Err(e) = unsafe { driver::mem_map(va, len, c.handle) } {
                 result = Err(e);
                 break;
             }
-            done += 1;
+            done.push((va, len));
+            va += len;
         }
         if result.is_ok() {
-            // SAFETY: the whole range is mapped granules just made.
-            result = unsafe { driver::set_access(addr, size, &self.access(loc, prot)) };
+            // SAFETY: the whole range is mappings just made.
+            result = unsafe { driver::set_access(addr, size, &self.access(home, prot)) };
         }
         if let Err(e) = result {
-            for i in 0..done {
+            for &(a, len) in &done {
                 // SAFETY: mapped above, used by nobody yet.
-                unsafe { driver::mem_unmap(addr + i * g, g).ok() };
+                unsafe { driver::mem_unmap(a, len).ok() };
             }
             return Err(e);
         }
-        let mut m = self.mapped.lock();
-        for (i, &h) in handles.iter().enumerate() {
-            m.insert(addr + i * g, (h, loc));
+        let mut va = addr;
+        for c in chunks {
+            let len = c.granules * g;
+            st.mapped.insert(va, Mapping { chunk: c, prot });
+            va += len;
         }
         Ok(())
     }
@@ -401,12 +636,17 @@ impl Backend for CudaBackend {
     unsafe fn unmap(&self, addr: usize, size: usize) -> Result<()> {
         self.bind(0)?;
         let g = self.granule;
-        let mut m = self.mapped.lock();
-        let keys: Vec<usize> = m.range(addr..addr + size).map(|(&a, _)| a).collect();
-        for a in keys {
-            // SAFETY: a whole mapped granule inside the caller's range.
-            unsafe { driver::mem_unmap(a, g)? };
-            m.remove(&a);
+        let mut st = self.state.lock();
+        self.split_partial_mappings(&mut st, addr, size)?;
+        let keys: Vec<(usize, usize)> = st
+            .mapped
+            .range(addr..addr + size)
+            .map(|(&a, m)| (a, m.chunk.granules * g))
+            .collect();
+        for (a, len) in keys {
+            // SAFETY: a whole mapping inside the caller's range.
+            unsafe { driver::mem_unmap(a, len)? };
+            st.mapped.remove(&a);
         }
         Ok(())
     }
@@ -512,8 +752,9 @@ impl Backend for CudaBackend {
 
     unsafe fn protect(&self, addr: usize, size: usize, prot: Protection) -> Result<()> {
         self.bind(0)?;
-        // SAFETY: forwarded contract.
-        unsafe { self.set_access_runs(addr, size, prot) }
+        let mut st = self.state.lock();
+        self.split_partial_mappings(&mut st, addr, size)?;
+        self.set_access_runs(&mut st, addr, size, prot)
     }
 
     fn managed(
