@@ -5,7 +5,9 @@
 //!   handles), sends the 64-byte handles through a pipe to an importer process (this binary
 //!   re-executed as `hetmem bench ipc-importer`), which opens them (through the exporter's
 //!   broker), verifies every object (reads the stamp in its first 8 bytes and the one in its
-//!   last 8 bytes: two pages per object, on both sides alike; not a checksum of all bytes),
+//!   last 8 bytes: two pages per object, on both sides alike; not a checksum of all bytes;
+//!   where the host cannot reach device memory, the cuda backend, stamps are written and read
+//!   with copies on an immediate command list through a host USM buffer, one batch per side),
 //!   closes them and answers; then the exporter puts the handles. The row's hetmem figure is
 //!   the range handle, its baseline the 512 per-object handles (ratio = range / per-object,
 //!   lower is better); the JSON also holds `range_handle_1gib_ns`, `per_object_handles_1gib_ns`
@@ -15,6 +17,10 @@
 //!   the broker) against the raw steps: a broker request answered with `SCM_RIGHTS`
 //!   (`connect` + `sendmsg` + `recvmsg`), `mmap`, `munmap`, `close`; and in the exporting
 //!   process against `dup` + `mmap` + `munmap` + `close`.
+//!
+//! The backend is `HETMEM_BACKEND`'s (host by default). On the cuda backend only the first row
+//! runs (the other two compare with `mmap` of a memfd, which has no CUDA counterpart); it
+//! says so.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::AsFd;
@@ -22,7 +28,10 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
 use hetmem::platform::open_fd_count;
-use hetmem::{AccessAttribute, Context, IpcHandle, IpcProperties, PhysicalMemoryFlags, Runtime};
+use hetmem::{
+    AccessAttribute, AllocDesc, BackendKind, CommandList, Context, Device, IpcHandle,
+    IpcProperties, PhysicalMemoryFlags, Runtime,
+};
 use rustix::mm::{MapFlags, ProtFlags};
 
 use super::{alternate, e2s, Args, Row, Unit};
@@ -74,6 +83,88 @@ impl Drop for Importer {
     }
 }
 
+/// Reads and writes 8-byte stamps in device memory: in place where the host reaches it (the
+/// host backend), else with copies on an immediate command list through a host USM buffer.
+struct Stamps<'a> {
+    ctx: &'a Context,
+    staged: Option<(CommandList, usize)>,
+}
+
+impl<'a> Stamps<'a> {
+    fn new(ctx: &'a Context, dev: &Device, max: usize) -> Result<Stamps<'a>, String> {
+        let staged = if ctx.driver().backend_kind() == BackendKind::Host {
+            None
+        } else {
+            let list = ctx.create_immediate_command_list(dev).map_err(e2s)?;
+            let buf = ctx.alloc_host(&AllocDesc::new(8 * max)).map_err(e2s)?;
+            Some((list, buf))
+        };
+        Ok(Stamps { ctx, staged })
+    }
+
+    fn write(&self, at: &[(usize, u64)]) -> Result<(), String> {
+        let Some((list, buf)) = &self.staged else {
+            for &(a, v) in at {
+                // SAFETY: the caller passes mapped read-write device memory the host reaches.
+                unsafe { (a as *mut u64).write_volatile(v) };
+            }
+            return Ok(());
+        };
+        for (i, &(a, v)) in at.iter().enumerate() {
+            // SAFETY: host USM memory of 8 * max bytes; no copy of it is queued.
+            unsafe { ((buf + 8 * i) as *mut u64).write(v) };
+            list.append_memory_copy(a, buf + 8 * i, 8, None, &[])
+                .map_err(e2s)?;
+        }
+        list.host_synchronize(u64::MAX).map_err(e2s)?;
+        Ok(())
+    }
+
+    fn read(&self, at: &[usize]) -> Result<Vec<u64>, String> {
+        let Some((list, buf)) = &self.staged else {
+            // SAFETY: the caller passes mapped readable memory the host reaches.
+            return Ok(at
+                .iter()
+                .map(|&a| unsafe { (a as *const u64).read_volatile() })
+                .collect());
+        };
+        for (i, &a) in at.iter().enumerate() {
+            list.append_memory_copy(buf + 8 * i, a, 8, None, &[])
+                .map_err(e2s)?;
+        }
+        list.host_synchronize(u64::MAX).map_err(e2s)?;
+        // SAFETY: host USM memory written by the finished copies.
+        Ok((0..at.len())
+            .map(|i| unsafe { ((buf + 8 * i) as *const u64).read() })
+            .collect())
+    }
+}
+
+impl Drop for Stamps<'_> {
+    fn drop(&mut self) {
+        if let Some((list, buf)) = self.staged.take() {
+            drop(list);
+            let _ = self.ctx.free_memory(buf);
+        }
+    }
+}
+
+/// The runtime of both processes: `HETMEM_BACKEND`'s backend, with one host device of
+/// `bytes` bytes on the host backend.
+fn runtime(bytes: u64) -> Result<(Runtime, Device, Context), String> {
+    let kind = match std::env::var("HETMEM_BACKEND") {
+        Ok(v) => BackendKind::parse(&v).map_err(e2s)?,
+        Err(_) => BackendKind::Host,
+    };
+    if kind == BackendKind::Host {
+        return crate::common::one_device(bytes);
+    }
+    let rt = crate::common::runtime_from_env(None)?;
+    let dev = rt.driver().device(0).ok_or("no device")?;
+    let ctx = rt.driver().create_context().map_err(e2s)?;
+    Ok((rt, dev, ctx))
+}
+
 fn stamp(i: usize) -> u64 {
     0x4845_544d_0000_0000 | i as u64
 }
@@ -84,9 +175,11 @@ fn end_stamp(i: usize) -> u64 {
 }
 
 pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
-    let (_rt, dev, ctx) = crate::common::one_device(2 << 30)?;
+    let (rt, dev, ctx) = runtime(2 << 30)?;
+    let host = rt.driver().backend_kind() == BackendKind::Host;
     let r = ctx.reserve(None, OBJECTS * OBJECT).map_err(e2s)?;
     let mut objs = Vec::new();
+    let mut stamps = Vec::new();
     for i in 0..OBJECTS {
         let o = ctx
             .create_physical_memory(Some(&dev), PhysicalMemoryFlags::AllocateOnDevice, OBJECT)
@@ -94,13 +187,11 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
         let at = r.base + i * OBJECT;
         ctx.map(at, OBJECT, o, 0, AccessAttribute::ReadWrite)
             .map_err(e2s)?;
-        // SAFETY: mapped read-write just above.
-        unsafe {
-            (at as *mut u64).write(stamp(i));
-            ((at + OBJECT - 8) as *mut u64).write(end_stamp(i));
-        }
+        stamps.push((at, stamp(i)));
+        stamps.push((at + OBJECT - 8, end_stamp(i)));
         objs.push(o);
     }
+    Stamps::new(&ctx, &dev, 2 * OBJECTS)?.write(&stamps)?;
     let imp = std::cell::RefCell::new(Importer::spawn()?);
     let mut rows = Vec::new();
 
@@ -175,6 +266,19 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
     super::json_extra("range_speedup_ratio", per_object / range);
     super::json_extra("range_handle_exporter_fds", range_fds as f64);
     super::json_extra("per_object_handles_exporter_fds", obj_fds as f64);
+    if !host {
+        println!(
+            "open+close rows: not run on the {:?} backend (their baselines are mmap of a \
+             memfd, which device memory there has no counterpart of)",
+            rt.driver().backend_kind()
+        );
+        drop(imp);
+        ctx.free_reservation(r).map_err(e2s)?;
+        for o in objs {
+            ctx.destroy_physical_memory(o).map_err(e2s)?;
+        }
+        return Ok(rows);
+    }
 
     // Open + close of one handle in the importer, against the raw broker round trip + mmap.
     let one = ctx
@@ -261,12 +365,8 @@ fn raw_map_unmap(fd: std::os::fd::BorrowedFd<'_>, size: usize) -> Result<(), Str
 /// `hetmem bench ipc-importer`: the importer process of [`bench`]. Reads commands on stdin
 /// (`<cmd> <n>\n` followed by `n` 64-byte handles) and answers one `ok ...` line each.
 pub fn importer() -> Result<Vec<Row>, String> {
-    let rt = Runtime::builder()
-        .host_devices(1)
-        .host_device_memory(64 << 20)
-        .build()
-        .map_err(e2s)?;
-    let ctx = rt.driver().create_context().map_err(e2s)?;
+    let (_rt, dev, ctx) = runtime(64 << 20)?;
+    let stamps = Stamps::new(&ctx, &dev, 2 * OBJECTS)?;
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
     let mut out = std::io::stdout();
@@ -288,7 +388,7 @@ pub fn importer() -> Result<Vec<Row>, String> {
         }
         let answer = match cmd {
             "quit" => return Ok(Vec::new()),
-            "range" | "objects" => open_verify(&ctx, &hs, cmd == "range"),
+            "range" | "objects" => open_verify(&ctx, &stamps, &hs, cmd == "range"),
             c if c.starts_with("latency") => latency(&ctx, &hs[0], c[7..].parse().unwrap_or(1)),
             other => Err(format!("unknown command {other:?}")),
         };
@@ -301,24 +401,29 @@ pub fn importer() -> Result<Vec<Row>, String> {
     }
 }
 
-fn open_verify(ctx: &Context, hs: &[IpcHandle], range: bool) -> Result<String, String> {
+fn open_verify(
+    ctx: &Context,
+    stamps: &Stamps,
+    hs: &[IpcHandle],
+    range: bool,
+) -> Result<String, String> {
     let mut views = Vec::new();
     for h in hs {
         views.push(ctx.open_ipc_handle(h, 0).map_err(e2s)?);
     }
+    let mut at = Vec::with_capacity(2 * OBJECTS);
     for i in 0..OBJECTS {
-        let at = if range {
+        let a = if range {
             views[0] + i * OBJECT
         } else {
             views[i]
         };
-        // SAFETY: an open view of at least one object.
-        let (v, w) = unsafe {
-            (
-                (at as *const u64).read_volatile(),
-                ((at + OBJECT - 8) as *const u64).read_volatile(),
-            )
-        };
+        at.push(a);
+        at.push(a + OBJECT - 8);
+    }
+    let got = stamps.read(&at)?;
+    for i in 0..OBJECTS {
+        let (v, w) = (got[2 * i], got[2 * i + 1]);
         if v != stamp(i) || w != end_stamp(i) {
             return Err(format!(
                 "object {i}: stamps {v:#x} / {w:#x}, expected {:#x} / {:#x}",

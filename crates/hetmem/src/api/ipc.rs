@@ -131,9 +131,10 @@ impl Context {
                 )));
             };
             check_handle_types(asked, SUPPORTED_TYPES, usm.ipc_types(ptr))?;
-            let fd = d.backend.export_allocation(raw)?;
+            let parts = d.backend.export_allocation(raw)?;
             let capacity = usm.ipc_charge(ptr).into_iter().collect();
             drop(usm);
+            let pieces = whole_pieces(&parts, span as u64);
             return register(
                 d.backend.as_ref(),
                 Arc::as_ptr(d) as usize,
@@ -141,12 +142,8 @@ impl Context {
                 IpcHandleKind::Allocation,
                 kind,
                 span,
-                vec![fd],
-                vec![Piece {
-                    obj: 0,
-                    offset: 0,
-                    len: span as u64,
-                }],
+                parts,
+                pieces,
                 capacity,
             );
         }
@@ -201,9 +198,10 @@ impl Context {
             }
         };
         check_handle_types(asked, SUPPORTED_TYPES, vm.physical_ipc_types(id))?;
-        let fd = d.backend.export_physical(raw)?;
+        let parts = d.backend.export_physical(raw)?;
         let capacity = vm.physical_charge(id).into_iter().collect();
         drop(vm);
+        let pieces = whole_pieces(&parts, size as u64);
         register(
             d.backend.as_ref(),
             Arc::as_ptr(d) as usize,
@@ -211,12 +209,8 @@ impl Context {
             IpcHandleKind::Physical,
             location_type(loc),
             size,
-            vec![fd],
-            vec![Piece {
-                obj: 0,
-                offset: 0,
-                len: size as u64,
-            }],
+            parts,
+            pieces,
             capacity,
         )
     }
@@ -297,18 +291,21 @@ impl Context {
                 runs.len()
             )));
         }
-        let mut index: HashMap<u64, u32> = HashMap::new();
+        // Each object is exported once, as parts (one on the host, one per granule on a GPU);
+        // `index` maps it to its first part and its parts' sizes.
+        let mut index: HashMap<u64, (u32, std::ops::Range<usize>)> = HashMap::new();
         let mut mem = MemoryType::Device;
-        let mut fds = Vec::new();
+        let mut parts: Vec<crate::backend::SharedPart> = Vec::new();
+        let mut part_sizes: Vec<u64> = Vec::new();
         let mut capacity = Vec::new();
         let mut pieces = Vec::with_capacity(runs.len());
         for (phys, offset, len) in runs {
-            let obj = match index.get(&phys) {
-                Some(&i) => i,
+            let (first, sizes) = match index.get(&phys) {
+                Some(x) => x.clone(),
                 None => {
                     let raw = match vm.physical_raw(phys) {
                         Some((raw, _, ctx, loc)) if ctx == self.id() => {
-                            if fds.is_empty() {
+                            if parts.is_empty() {
                                 mem = location_type(loc);
                             }
                             raw
@@ -331,20 +328,49 @@ impl Context {
                                 e.message()
                             ))
                         })?;
-                    fds.push(d.backend.export_physical(raw)?);
+                    let exported = d.backend.export_physical(raw)?;
                     capacity.extend(vm.physical_charge(phys));
-                    let i = (fds.len() - 1) as u32;
-                    index.insert(phys, i);
-                    i
+                    let first = parts.len() as u32;
+                    let sizes = part_sizes.len()..part_sizes.len() + exported.len();
+                    part_sizes.extend(exported.iter().map(|p| p.size));
+                    parts.extend(exported);
+                    index.insert(phys, (first, sizes.clone()));
+                    (first, sizes)
                 }
             };
-            pieces.push(Piece {
-                obj,
-                offset: offset as u64,
-                len: len as u64,
-            });
+            pieces.extend(run_pieces(
+                &part_sizes[sizes],
+                first,
+                offset as u64,
+                len as u64,
+            ));
         }
         drop(vm);
+        if pieces.len() > limit {
+            return Err(Error::UnsupportedSize(format!(
+                "IPC range [{}, {}) is {} pieces of the backend's shareable memory; a range \
+                 handle carries at most {limit}",
+                Addr(ptr),
+                Addr(end),
+                pieces.len()
+            )));
+        }
+        // Only the parts a piece names travel; the others are closed here.
+        let mut used = vec![false; parts.len()];
+        for p in &pieces {
+            used[p.obj as usize] = true;
+        }
+        let mut renumber = vec![0u32; parts.len()];
+        let mut kept = Vec::with_capacity(parts.len());
+        for (i, (part, u)) in parts.into_iter().zip(used).enumerate() {
+            if u {
+                renumber[i] = kept.len() as u32;
+                kept.push(part);
+            }
+        }
+        for p in &mut pieces {
+            p.obj = renumber[p.obj as usize];
+        }
         register(
             d.backend.as_ref(),
             Arc::as_ptr(d) as usize,
@@ -352,7 +378,7 @@ impl Context {
             IpcHandleKind::Range,
             mem,
             size,
-            fds,
+            kept,
             pieces,
             capacity,
         )
@@ -436,11 +462,25 @@ impl Context {
         let m = material(d.backend.as_ref(), &h, handle, d.ipc_max_range_pieces)?;
         validate(d.backend.as_ref(), &m)?;
         let size = m.size;
-        let fd =
-            m.fds.into_iter().next().ok_or_else(|| {
-                Error::InvalidArgument("the export carries no memory object".into())
-            })?;
-        let raw = d.backend.import_physical(fd)?;
+        // A physical object travels as its parts, whole and in order.
+        let whole = m.pieces.len() == m.fds.len()
+            && m.pieces
+                .iter()
+                .enumerate()
+                .all(|(i, p)| p.obj as usize == i && p.offset == 0);
+        if !whole || m.fds.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "the export of a physical object must be its {} parts whole and in order",
+                m.fds.len()
+            )));
+        }
+        let parts = m
+            .fds
+            .into_iter()
+            .zip(m.sizes)
+            .map(|(fd, size)| crate::backend::SharedPart { fd, size })
+            .collect();
+        let raw = d.backend.import_physical(parts)?;
         let location = match h.mem {
             MemoryType::Device => crate::backend::PhysicalLocation::Device(device.ordinal()),
             _ => crate::backend::PhysicalLocation::Host,
@@ -540,7 +580,8 @@ impl Context {
     ///
     /// Errors: `InvalidArgument` for a negative fd, an fd that is not open, not a shareable
     /// handle this backend imports (on the host: a memfd sealed against grow and shrink), or
-    /// empty. Nothing changes (no fd is kept or closed).
+    /// empty; `UnsupportedFeature` on a backend whose fds carry no identity (cuda: see
+    /// `Backend::shareable_fds_have_identity`). Nothing changes (no fd is kept or closed).
     pub fn ipc_handle_from_fd(&self, fd: i32) -> Result<IpcHandle> {
         if fd < 0 {
             return Err(Error::InvalidArgument(format!(
@@ -548,6 +589,14 @@ impl Context {
             )));
         }
         let backend = self.driver_shared().backend.as_ref();
+        if !backend.shareable_fds_have_identity() {
+            return Err(Error::UnsupportedFeature(format!(
+                "the {} backend's shareable handles cannot be traced back to their memory from \
+                 the fd alone (every one is a descriptor of the same device file); open the \
+                 IPC handle itself instead",
+                backend.name()
+            )));
+        }
         // SAFETY: only inspected (identity, checks); a number that is not open fails.
         let b = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
         let id = backend

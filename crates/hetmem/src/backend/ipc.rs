@@ -31,6 +31,16 @@ pub enum TransportError {
     Local(HalError),
 }
 
+/// One part of exported memory: a shareable handle (an fd owned by the holder) and the bytes
+/// of memory it holds (a multiple of the backend's page size).
+#[derive(Debug)]
+pub struct SharedPart {
+    /// The shareable handle.
+    pub fd: std::os::fd::OwnedFd,
+    /// Bytes of memory behind it.
+    pub size: u64,
+}
+
 /// Identity of a shareable handle: the same memory gives the same identity in every process
 /// (host: `st_dev` and `st_ino` of the memfd; CUDA: those of the exported fd), with the size
 /// of the memory behind it in bytes.

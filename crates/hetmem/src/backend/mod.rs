@@ -29,6 +29,7 @@ mod platform;
 mod sync;
 
 pub use error::{HalError, Result};
+pub(crate) use ipc::SharedPart;
 use ipc::{BrokerAnswer, BrokerHandler, BrokerStats, ShareableIdentity, TransportError};
 use std::os::fd::{BorrowedFd, OwnedFd};
 
@@ -407,25 +408,40 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         Err(format!("the {} backend has no managed memory", self.name()))
     }
 
-    /// A shareable fd for a physical object, owned by the caller and valid after the object is
-    /// destroyed (it keeps the memory alive). Used by IPC exports ([`crate::ipc`]).
+    /// The shareable handles of a physical object, in order: consecutive parts that together
+    /// hold the whole object, each an fd owned by the caller with the bytes it holds, valid
+    /// after the object is destroyed (each keeps its memory alive). Every part can be mapped
+    /// by an importer at any page-aligned offset. Used by IPC exports ([`crate::ipc`]).
     ///
-    /// CUDA: `cuMemExportToShareableHandle(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)`. Host:
-    /// `fcntl(F_DUPFD_CLOEXEC)` of the memfd.
-    fn export_physical(&self, raw: RawPhysical) -> Result<OwnedFd>;
+    /// CUDA: one part per granule (an object still in one allocation is split first, see the
+    /// cuda backend's docs), each `cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)`. Host:
+    /// one part, `fcntl(F_DUPFD_CLOEXEC)` of the memfd.
+    fn export_physical(&self, raw: RawPhysical) -> Result<Vec<SharedPart>>;
 
-    /// A shareable fd for the memory of a USM allocation, as [`Backend::export_physical`].
+    /// The shareable handles of a USM allocation's memory, as [`Backend::export_physical`];
+    /// an importer maps each part whole.
     ///
-    /// CUDA: `cuMemRetainAllocationHandle` + `cuMemExportToShareableHandle`. Host:
-    /// `fcntl(F_DUPFD_CLOEXEC)` of the allocation's memfd.
-    fn export_allocation(&self, raw: RawAllocation) -> Result<OwnedFd>;
+    /// CUDA: device memory, `cuMemExportToShareableHandle` of its allocation (host and shared
+    /// USM memory have none: `Unsupported`). Host: one part, `fcntl(F_DUPFD_CLOEXEC)` of the
+    /// allocation's memfd.
+    fn export_allocation(&self, raw: RawAllocation) -> Result<Vec<SharedPart>>;
 
-    /// Turns an fd made by an export (of this or another process) into a physical object that
-    /// [`Backend::map`] can map and [`Backend::destroy_physical`] releases; mappings made
-    /// from it stay valid after that release.
+    /// Turns parts made by an export (of this or another process) into one physical object of
+    /// their summed size that [`Backend::map`] can map and [`Backend::destroy_physical`]
+    /// releases; mappings made from it stay valid after that release. The sizes are what the
+    /// exporter said; memory smaller than its claimed size fails here or at map.
     ///
-    /// CUDA: `cuMemImportFromShareableHandle`. Host: takes ownership of the fd.
-    fn import_physical(&self, fd: OwnedFd) -> Result<RawPhysical>;
+    /// CUDA: `cuMemImportFromShareableHandle` of each part (the fds are closed afterwards).
+    /// Host: exactly one part, whose fd it takes.
+    fn import_physical(&self, parts: Vec<SharedPart>) -> Result<RawPhysical>;
+
+    /// Whether two shareable handles of the same memory can be recognised as such from the fds
+    /// alone ([`Backend::shareable_identity`]). Host: yes (a memfd's device and inode).
+    /// CUDA: no (every exported fd is a descriptor of `/dev/nvidiactl` with the same identity),
+    /// so IPC handles go through the broker and an fd cannot be traced back to its export.
+    fn shareable_fds_have_identity(&self) -> bool {
+        true
+    }
 
     /// The host's NUMA nodes, ascending (`[0]` if none is listed): the ids a host-NUMA location
     /// accepts. Never fails. CUDA and host: the entries `node<N>` of `/sys/devices/system/node`.

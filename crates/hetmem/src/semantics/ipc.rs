@@ -10,9 +10,9 @@
 //! # The handle (64 bytes, `ze_ipc_mem_handle_t`)
 //! | bytes | field |
 //! |---|---|
-//! | 0..4 | an fd valid in the exporting process (`i32`, little endian): the allocation's or physical object's memfd; for a range, the first object's |
+//! | 0..4 | an fd valid in the exporting process (`i32`, little endian): the allocation's or physical object's shareable handle (host: its memfd); for a range, or memory exported as several parts, the first part's |
 //! | 4..8 | magic `"HMIP"` |
-//! | 8 | version (2) |
+//! | 8 | version (3) |
 //! | 9 | kind: 1 allocation, 2 physical object, 3 range |
 //! | 10 | memory type of the exported memory (`ze_memory_type_t`: 1 host, 2 device, 3 shared) |
 //! | 11 | 0 |
@@ -37,7 +37,14 @@
 //!   the socket's owner (`SO_PEERCRED`) is the exporter's pid of the handle running as our uid
 //!   (a process squatting the name of a vanished exporter never sees the token); the broker
 //!   checks the peer's uid and the token and answers with the fds (and, for a range, the piece
-//!   list).
+//!   list, and the size of the memory behind each fd).
+//! - **Parts**: the backend exports memory as one or more parts
+//!   ([`crate::backend::Backend::export_physical`]): the host one memfd per allocation or
+//!   object, the cuda backend one `cuMemExportToShareableHandle` fd per granule (one per
+//!   allocation for device USM memory). Pieces name parts, and the broker's answer gives each
+//!   part's size, since a CUDA fd (a descriptor of `/dev/nvidiactl`) has no size or identity
+//!   of its own; on such a backend every open goes through the broker (or the export table,
+//!   in the exporting process), never the fd transport.
 //! - Every fd an open receives (from the broker or through `SCM_RIGHTS`) must be a memfd
 //!   sealed against grow and shrink (`F_GET_SEALS` has `F_SEAL_GROW | F_SEAL_SHRINK`) and at
 //!   least as large as what the handle maps from it, else `InvalidArgument` and nothing is
@@ -96,7 +103,7 @@ use parking_lot::Mutex;
 
 pub use crate::backend::ipc::{BrokerAnswer, BrokerStats, TransportError};
 use crate::backend::ipc::{BrokerHandler, BrokerReply};
-use crate::backend::{Backend, Protection, RawPhysical};
+use crate::backend::{Backend, Protection, RawPhysical, SharedPart};
 use crate::error::{Error, Result};
 use crate::semantics::capacity::Charge;
 use crate::semantics::driver::DriverShared;
@@ -110,7 +117,8 @@ pub use crate::spec::{
 /// `ZE_MAX_IPC_HANDLE_SIZE`: the size in bytes of `ze_ipc_mem_handle_t` (64).
 pub const IPC_HANDLE_SIZE: usize = 64;
 pub(crate) const MAGIC: &[u8; 4] = b"HMIP";
-pub(crate) const VERSION: u8 = 2;
+/// 3 since the broker's answer carries the size of each shared part (see [`serialize`]).
+pub(crate) const VERSION: u8 = 3;
 /// The default of [`crate::RuntimeBuilder::ipc_max_range_pieces`]: most `(physical object,
 /// offset, length)` pieces one range handle carries (1 << 20, a 24 MiB piece list).
 pub const DEFAULT_MAX_RANGE_PIECES: usize = 1 << 20;
@@ -338,6 +346,8 @@ pub(crate) struct ExportRec {
     pub(crate) driver: usize,
     pub(crate) size: u64,
     pub(crate) fds: Arc<[OwnedFd]>,
+    /// Bytes behind each fd (the exported parts' sizes).
+    pub(crate) sizes: Arc<[u64]>,
     pub(crate) pieces: Arc<[Piece]>,
     /// The device capacity of the exported memory: held while the export lives, even once
     /// the memory is destroyed or freed (`crate::semantics::capacity`).
@@ -382,9 +392,15 @@ pub(crate) const ST_OK: u32 = 0;
 pub(crate) const ST_UNKNOWN: u32 = 1;
 pub(crate) const ST_TOKEN: u32 = 2;
 
-pub(crate) fn serialize(size: u64, pieces: &[Piece]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(16 + pieces.len() * 24);
+/// The broker's answer: the view size, the bytes behind each fd, then the pieces (all `u64`,
+/// little endian: `size, n_parts, part sizes..., n_pieces, (obj, offset, len)...`).
+pub(crate) fn serialize(size: u64, sizes: &[u64], pieces: &[Piece]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(24 + sizes.len() * 8 + pieces.len() * 24);
     v.extend_from_slice(&size.to_le_bytes());
+    v.extend_from_slice(&(sizes.len() as u64).to_le_bytes());
+    for s in sizes {
+        v.extend_from_slice(&s.to_le_bytes());
+    }
     v.extend_from_slice(&(pieces.len() as u64).to_le_bytes());
     for p in pieces {
         v.extend_from_slice(&(p.obj as u64).to_le_bytes());
@@ -394,24 +410,78 @@ pub(crate) fn serialize(size: u64, pieces: &[Piece]) -> Vec<u8> {
     v
 }
 
-pub(crate) fn deserialize(b: &[u8]) -> Option<(u64, Vec<Piece>)> {
+/// What [`serialize`] wrote: `(view size, part sizes, pieces)`, or `None` for bytes that are
+/// not exactly that.
+pub(crate) fn deserialize(b: &[u8]) -> Option<(u64, Vec<u64>, Vec<Piece>)> {
     let u =
         |i: usize| -> Option<u64> { Some(u64::from_le_bytes(b.get(i..i + 8)?.try_into().ok()?)) };
     let size = u(0)?;
-    let n = u(8)? as usize;
-    if b.len() != 16 + n.checked_mul(24)? {
+    let parts = usize::try_from(u(8)?).ok()?;
+    let at_pieces = 16usize.checked_add(parts.checked_mul(8)?)?;
+    if at_pieces > b.len() {
+        return None;
+    }
+    let sizes = (0..parts)
+        .map(|i| u(16 + i * 8))
+        .collect::<Option<Vec<u64>>>()?;
+    let n = usize::try_from(u(at_pieces)?).ok()?;
+    if b.len() != at_pieces.checked_add(8)?.checked_add(n.checked_mul(24)?)? {
         return None;
     }
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
-        let at = 16 + i * 24;
+        let at = at_pieces + 8 + i * 24;
         out.push(Piece {
             obj: u32::try_from(u(at)?).ok()?,
             offset: u(at + 8)?,
             len: u(at + 16)?,
         });
     }
-    Some((size, out))
+    Some((size, sizes, out))
+}
+
+/// The pieces of a view of `size` bytes made of `parts` whole, in order (an allocation's or a
+/// physical object's export: the last part may hold more than the view needs).
+pub(crate) fn whole_pieces(parts: &[SharedPart], size: u64) -> Vec<Piece> {
+    let mut left = size;
+    let mut out = Vec::with_capacity(parts.len());
+    for (i, p) in parts.iter().enumerate() {
+        if left == 0 {
+            break;
+        }
+        let len = p.size.min(left);
+        out.push(Piece {
+            obj: i as u32,
+            offset: 0,
+            len,
+        });
+        left -= len;
+    }
+    out
+}
+
+/// The pieces for `len` bytes from `offset` of an object exported as parts of `sizes` bytes
+/// (in order), the first of which is fd `first` of the export: one piece per part the run
+/// touches, offsets relative to that part.
+pub(crate) fn run_pieces(sizes: &[u64], first: u32, offset: u64, len: u64) -> Vec<Piece> {
+    let mut out = Vec::new();
+    let (mut at, end) = (offset, offset + len);
+    let mut start = 0u64;
+    for (i, &sz) in sizes.iter().enumerate() {
+        let (ps, pe) = (start, start + sz);
+        start = pe;
+        if pe <= at || at >= end {
+            continue;
+        }
+        let take = pe.min(end) - at;
+        out.push(Piece {
+            obj: first + i as u32,
+            offset: at - ps,
+            len: take,
+        });
+        at += take;
+    }
+    out
 }
 
 /// The broker's handler: checks the export id and token, answers with dups of the fds.
@@ -425,7 +495,7 @@ pub(crate) fn serve_request(req: &[u8; 64], _peer_pid: u32) -> BrokerReply {
         Ok(h) => h,
         Err(e) => return refuse(ST_UNKNOWN, e.message().to_string()),
     };
-    let (fds, size, pieces) = {
+    let (fds, size, sizes, pieces) = {
         let ex = EXPORTS.lock();
         let Some(rec) = ex.get(&h.id).filter(|_| h.pid == own_pid()) else {
             return refuse(
@@ -440,12 +510,17 @@ pub(crate) fn serve_request(req: &[u8; 64], _peer_pid: u32) -> BrokerReply {
         if !token_eq(&rec.token, &h.token) {
             return refuse(ST_TOKEN, format!("wrong token for export {}", h.id));
         }
-        (rec.fds.clone(), rec.size, rec.pieces.clone())
+        (
+            rec.fds.clone(),
+            rec.size,
+            rec.sizes.clone(),
+            rec.pieces.clone(),
+        )
     };
     // Sent after the lock is dropped; a concurrent put leaves these fds open until sent.
     BrokerReply {
         status: ST_OK,
-        payload: serialize(size, &pieces),
+        payload: serialize(size, &sizes, &pieces),
         fds: Some(fds),
     }
 }
@@ -500,16 +575,23 @@ pub(crate) fn register(
     kind: IpcHandleKind,
     mem: MemoryType,
     size: usize,
-    fds: Vec<OwnedFd>,
+    parts: Vec<SharedPart>,
     pieces: Vec<Piece>,
     capacity: Vec<Arc<Charge>>,
 ) -> Result<IpcHandle> {
     let nonce = start_broker(backend)?;
     let token = backend.random_token()?;
+    let (fds, sizes): (Vec<OwnedFd>, Vec<u64>) = parts.into_iter().map(|p| (p.fd, p.size)).unzip();
     let first = fds.first().expect("an export has an fd");
-    let id = backend
-        .shareable_identity(first.as_fd())
-        .unwrap_or_default();
+    // The fd transport recognises a single memfd by its identity; parts that have none (or
+    // several parts) go through the broker only.
+    let id = if backend.shareable_fds_have_identity() && fds.len() == 1 {
+        backend
+            .shareable_identity(first.as_fd())
+            .unwrap_or_default()
+    } else {
+        Default::default()
+    };
     let (dev, ino) = (id.dev, id.ino);
     let dev = u32::try_from(dev).map_err(|_| {
         Error::Unknown(format!(
@@ -541,6 +623,7 @@ pub(crate) fn register(
             driver,
             size: size as u64,
             fds: fds.into(),
+            sizes: sizes.into(),
             pieces: pieces.into(),
             capacity: capacity.into(),
         },
@@ -553,6 +636,8 @@ pub(crate) fn register(
 pub(crate) struct Material {
     pub(crate) size: usize,
     pub(crate) fds: Vec<OwnedFd>,
+    /// Bytes behind each fd, as the exporter said.
+    pub(crate) sizes: Vec<u64>,
     pub(crate) pieces: Vec<Piece>,
     pub(crate) capacity: Arc<[Arc<Charge>]>,
 }
@@ -597,13 +682,14 @@ pub(crate) fn material(
         return Ok(Material {
             size: rec.size as usize,
             fds: dup_all(backend, &rec.fds)?,
+            sizes: rec.sizes.to_vec(),
             pieces: rec.pieces.to_vec(),
             capacity: rec.capacity.clone(),
         });
     }
     // The fd transport: bytes 0..4 hold an fd of ours that is the exported memfd itself.
     let fd = handle.fd();
-    if h.kind != IpcHandleKind::Range && fd >= 0 {
+    if h.kind != IpcHandleKind::Range && fd >= 0 && backend.shareable_fds_have_identity() {
         // SAFETY: only inspected (fstat, F_GET_SEALS) and duplicated; an fd number that is not
         // open fails.
         let b = unsafe { BorrowedFd::borrow_raw(fd) };
@@ -613,6 +699,7 @@ pub(crate) fn material(
                 return Ok(Material {
                     size: h.size as usize,
                     fds: vec![backend.dup_shareable(b)?],
+                    sizes: vec![h.size],
                     pieces: vec![Piece {
                         obj: 0,
                         offset: 0,
@@ -631,14 +718,20 @@ pub(crate) fn material(
             h.pieces
         )));
     }
-    // The answer is bounded by what the handle claims (a refusal's message by 4 KiB).
-    let pieces = (h.pieces as usize).max(1);
+    // The answer is bounded by what the handle claims (a refusal's message by 4 KiB): a range
+    // by its pieces, an allocation or physical object by one part per page of its size.
+    let pieces = if h.kind == IpcHandleKind::Range {
+        (h.pieces as usize).max(1)
+    } else {
+        let page = mapping_granularity(backend) as u64;
+        (h.size.div_ceil(page) as usize).clamp(1, max_pieces)
+    };
     let reply = backend
         .broker_request(
             h.pid,
             h.nonce,
             &handle.data,
-            (16 + 24 * pieces).max(REFUSAL_MAX),
+            (24 + 32 * pieces).max(REFUSAL_MAX),
             pieces,
         )
         .map_err(|e| match e {
@@ -666,22 +759,29 @@ pub(crate) fn material(
             String::from_utf8_lossy(&reply.payload)
         )));
     }
-    let (size, pieces) = deserialize(&reply.payload).ok_or_else(|| {
+    let (size, sizes, pieces) = deserialize(&reply.payload).ok_or_else(|| {
         Error::InvalidArgument(format!("malformed piece list from process {}", h.pid))
     })?;
-    if size != h.size || pieces.len() != h.pieces as usize {
+    let claimed = if h.kind == IpcHandleKind::Range {
+        h.pieces as usize
+    } else {
+        pieces.len()
+    };
+    if size != h.size || pieces.len() != claimed || sizes.len() != reply.fds.len() {
         return Err(Error::InvalidArgument(format!(
-            "process {} described a view of {size:#x} bytes in {} pieces, the handle says \
-             {:#x} bytes in {}",
+            "process {} described a view of {size:#x} bytes in {} pieces over {} parts and sent \
+             {} fds, the handle says {:#x} bytes in {claimed}",
             h.pid,
             pieces.len(),
+            sizes.len(),
+            reply.fds.len(),
             h.size,
-            h.pieces
         )));
     }
     Ok(Material {
         size: size as usize,
         fds: reply.fds,
+        sizes,
         pieces,
         capacity: Arc::new([]),
     })
@@ -698,30 +798,35 @@ pub(crate) fn mapping_granularity(backend: &dyn Backend) -> usize {
         .unwrap_or_else(|| backend.host_page_size())
 }
 
-/// Checks that the pieces tile `size` bytes and lie inside their objects (so no mapping can
-/// reach past an object's end).
+/// Checks that the parts are whole pages, that the pieces tile `size` bytes and lie inside
+/// their parts (so no mapping can reach past a part's end), and each received fd with the
+/// backend ([`Backend::check_shareable`]: on the host, a sealed memfd of at least its part's
+/// size).
 pub(crate) fn validate(backend: &dyn Backend, m: &Material) -> Result<()> {
     let page = mapping_granularity(backend) as u64;
-    let mut total: u64 = 0;
+    if m.sizes.len() != m.fds.len() {
+        return Err(Error::InvalidArgument(format!(
+            "{} part sizes for {} fds",
+            m.sizes.len(),
+            m.fds.len()
+        )));
+    }
     // Seals first: once GROW | SHRINK are set, the sizes read below cannot change.
     for (i, fd) in m.fds.iter().enumerate() {
-        let need = m
-            .pieces
-            .iter()
-            .filter(|p| p.obj as usize == i)
-            .map(|p| p.offset.saturating_add(p.len))
-            .max()
-            .unwrap_or(0);
-        check_received_fd(backend, fd.as_fd(), need)?;
+        let psize = m.sizes[i];
+        if psize == 0 || !psize.is_multiple_of(page) {
+            return Err(Error::InvalidArgument(format!(
+                "part {i} is said to hold {psize:#x} bytes, not a non-zero multiple of the \
+                 {page:#x}-byte page"
+            )));
+        }
+        check_received_fd(backend, fd.as_fd(), psize)?;
     }
+    let mut total: u64 = 0;
     for p in &m.pieces {
-        let fd = m.fds.get(p.obj as usize).ok_or_else(|| {
+        let osize = *m.sizes.get(p.obj as usize).ok_or_else(|| {
             Error::InvalidArgument(format!("piece names object {} of {}", p.obj, m.fds.len()))
         })?;
-        let osize = backend
-            .shareable_identity(fd.as_fd())
-            .unwrap_or_default()
-            .size;
         let end = p.offset.checked_add(p.len);
         if p.len == 0
             || !p.offset.is_multiple_of(page)
@@ -750,8 +855,8 @@ pub(crate) fn map_view(backend: &dyn Backend, align: usize, m: Material) -> Resu
     let base = unsafe { backend.reserve(None, m.size, align)? };
     let mut raws: Vec<RawPhysical> = Vec::with_capacity(m.fds.len());
     let mut result = Ok(());
-    for fd in m.fds {
-        match backend.import_physical(fd) {
+    for (fd, size) in m.fds.into_iter().zip(m.sizes) {
+        match backend.import_physical(vec![SharedPart { fd, size }]) {
             Ok(r) => raws.push(r),
             Err(e) => {
                 result = Err(e);
@@ -1005,8 +1110,66 @@ mod tests {
                 len: 0x10000,
             },
         ];
-        let b = serialize(0x30000, &p);
-        assert_eq!(deserialize(&b), Some((0x30000, p)));
+        let sizes = vec![0x40000, 0x10000, 0x10000];
+        let b = serialize(0x30000, &sizes, &p);
+        assert_eq!(deserialize(&b), Some((0x30000, sizes.clone(), p.clone())));
         assert_eq!(deserialize(&b[..b.len() - 1]), None);
+        let mut longer = b.clone();
+        longer.push(0);
+        assert_eq!(deserialize(&longer), None);
+        // A part count that points past the end is refused, not read out of bounds.
+        let mut lying = b.clone();
+        lying[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(deserialize(&lying), None);
+        assert_eq!(
+            deserialize(&serialize(0, &[], &[])),
+            Some((0, vec![], vec![]))
+        );
+    }
+
+    /// An object exported as several parts (a GPU's granules) is cut at part boundaries, with
+    /// offsets relative to each part; one part (the host's memfd) keeps the run as it is.
+    #[test]
+    fn runs_are_cut_into_pieces_at_part_boundaries() {
+        let g = 0x20_0000u64;
+        assert_eq!(
+            run_pieces(&[4 * g], 5, g, 2 * g),
+            vec![Piece {
+                obj: 5,
+                offset: g,
+                len: 2 * g
+            }]
+        );
+        assert_eq!(
+            run_pieces(&[g, g, g, g], 3, g, 2 * g),
+            vec![
+                Piece {
+                    obj: 4,
+                    offset: 0,
+                    len: g
+                },
+                Piece {
+                    obj: 5,
+                    offset: 0,
+                    len: g
+                }
+            ]
+        );
+        // Parts of unequal size, a run starting inside one and ending inside another.
+        assert_eq!(
+            run_pieces(&[2 * g, 2 * g], 0, g, 2 * g),
+            vec![
+                Piece {
+                    obj: 0,
+                    offset: g,
+                    len: g
+                },
+                Piece {
+                    obj: 1,
+                    offset: 0,
+                    len: g
+                }
+            ]
+        );
     }
 }

@@ -5,6 +5,7 @@
 //! called.
 
 use std::ffi::{c_void, CStr};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use cudarc::driver::sys;
 
@@ -337,6 +338,66 @@ pub(crate) unsafe fn set_access(
         unsafe { sys::cuMemSetAccess(addr as CUdeviceptr, size, desc.as_ptr(), desc.len()) },
         false,
     )
+}
+
+/// `cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)`: a
+/// new fd (owned by the caller) that another process can import the allocation from.
+pub(crate) fn export_fd(h: CUmemGenericAllocationHandle) -> Result<OwnedFd, HalError> {
+    let mut fd: std::ffi::c_int = -1;
+    // SAFETY: for the POSIX-fd type the driver writes an int through the pointer.
+    check(
+        "cuMemExportToShareableHandle",
+        unsafe {
+            sys::cuMemExportToShareableHandle(
+                (&mut fd as *mut std::ffi::c_int).cast(),
+                h,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        },
+        false,
+    )?;
+    if fd < 0 {
+        return Err(HalError::Unexpected(format!(
+            "cuMemExportToShareableHandle returned fd {fd}"
+        )));
+    }
+    // SAFETY: a fresh fd the driver made for us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `cuMemImportFromShareableHandle(&h, fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)`: the
+/// allocation behind an fd from [`export_fd`] (of any process). The fd stays the caller's.
+pub(crate) fn import_fd(fd: BorrowedFd<'_>) -> Result<CUmemGenericAllocationHandle, HalError> {
+    let mut h = 0;
+    // SAFETY: for the POSIX-fd type the driver takes the fd number as the pointer value.
+    check(
+        "cuMemImportFromShareableHandle",
+        unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut h,
+                fd.as_raw_fd() as isize as *mut c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        },
+        false,
+    )?;
+    Ok(h)
+}
+
+/// `cuMemGetAllocationPropertiesFromHandle`: where the allocation `h` lives.
+pub(crate) fn allocation_location(
+    h: CUmemGenericAllocationHandle,
+) -> Result<sys::CUmemLocation, HalError> {
+    // SAFETY: plain data, all-zero valid; the driver fills it.
+    let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer; `h` is a live handle of ours.
+    check(
+        "cuMemGetAllocationPropertiesFromHandle",
+        unsafe { sys::cuMemGetAllocationPropertiesFromHandle(&mut p, h) },
+        false,
+    )?;
+    Ok(p.location)
 }
 
 /// `cuCtxSynchronize`: waits until every stream of the calling thread's current context has

@@ -44,17 +44,23 @@
 //! through another mapping of the same object while the split runs: such a write can be lost.
 //! Device memory is written only by device work, which the split waits for.
 //!
-//! # What is not here yet
-//! IPC export and import (`cuMemExportToShareableHandle` gives an fd of `/dev/nvidiactl`, not a
-//! memfd: the handle's identity and size checks need their own design) answer `Unsupported`
-//! with a message saying so. Managed memory: [`managed`].
+//! # IPC
+//! An export gives one `cuMemExportToShareableHandle` fd per allocation (a physical object is
+//! split into granules first, so that an importer can map any piece of it; an allocation
+//! shared with another process is never split again), with its size, which the semantics
+//! layer carries in the broker's answer: the fds are descriptors of `/dev/nvidiactl`, all with
+//! the same `fstat` identity and size 0, so they travel only through the broker and cannot be
+//! traced back to their export ([`Backend::shareable_fds_have_identity`] is false). An import
+//! is `cuMemImportFromShareableHandle` of each fd, its location read back with
+//! `cuMemGetAllocationPropertiesFromHandle`. Host and shared USM memory have no shareable
+//! handle here. Managed memory: [`managed`].
 
 mod driver;
 mod engine;
 mod managed;
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -63,7 +69,7 @@ use parking_lot::Mutex;
 
 use super::{
     AllocLocation, Backend, DeviceInfo, HalError, PhysicalLocation, Protection, RawAllocation,
-    RawPhysical, Result,
+    RawPhysical, Result, SharedPart,
 };
 
 /// Where the memory of a physical object lives: a device, or host memory on a NUMA node (the
@@ -770,25 +776,112 @@ impl Backend for CudaBackend {
         )?))
     }
 
-    fn export_physical(&self, _raw: RawPhysical) -> Result<OwnedFd> {
-        Err(HalError::Unsupported(
-            "IPC export of physical memory is not implemented on the cuda backend yet".into(),
-        ))
+    fn export_physical(&self, raw: RawPhysical) -> Result<Vec<SharedPart>> {
+        let mut st = self.state.lock();
+        // Granules first, so that an importer can map any piece (an allocation shared with
+        // another process can never be split: its copy would no longer be shared).
+        loop {
+            let whole = st
+                .physical
+                .get(&raw.0)
+                .ok_or_else(|| {
+                    HalError::Unexpected(format!("physical object {} is not known", raw.0))
+                })?
+                .chunks
+                .iter()
+                .find(|c| c.granules > 1)
+                .cloned();
+            match whole {
+                Some(c) => self.split(&mut st, &c)?,
+                None => break,
+            }
+        }
+        st.physical[&raw.0]
+            .chunks
+            .iter()
+            .map(|c| {
+                Ok(SharedPart {
+                    fd: driver::export_fd(c.handle)?,
+                    size: self.granule as u64,
+                })
+            })
+            .collect()
     }
 
-    fn export_allocation(&self, _raw: RawAllocation) -> Result<OwnedFd> {
-        Err(HalError::Unsupported(
-            "IPC export of allocations is not implemented on the cuda backend yet".into(),
-        ))
+    fn export_allocation(&self, raw: RawAllocation) -> Result<Vec<SharedPart>> {
+        match self.allocs.lock().get(&raw.0) {
+            Some(Alloc::Device { handle, size, .. }) => Ok(vec![SharedPart {
+                fd: driver::export_fd(*handle)?,
+                size: *size as u64,
+            }]),
+            Some(Alloc::Host { .. }) | Some(Alloc::Managed { .. }) => Err(HalError::Unsupported(
+                "host and shared USM memory on the cuda backend (cuMemHostAlloc, \
+                 cuMemAllocManaged) has no shareable handle; only device memory can be \
+                 exported"
+                    .into(),
+            )),
+            None => Err(HalError::Unexpected(format!(
+                "allocation {} is not known",
+                raw.0
+            ))),
+        }
     }
 
-    fn import_physical(&self, _fd: OwnedFd) -> Result<RawPhysical> {
-        Err(HalError::Unsupported(
-            "IPC import is not implemented on the cuda backend yet".into(),
-        ))
+    fn import_physical(&self, parts: Vec<SharedPart>) -> Result<RawPhysical> {
+        self.bind(0)?;
+        let g = self.granule as u64;
+        let mut chunks = Vec::with_capacity(parts.len());
+        for p in &parts {
+            if p.size == 0 || !p.size.is_multiple_of(g) {
+                return Err(HalError::Unsupported(format!(
+                    "an imported part of {:#x} bytes is not a multiple of the {g:#x}-byte \
+                     granule",
+                    p.size
+                )));
+            }
+            let handle = driver::import_fd(p.fd.as_fd())?;
+            // Held from here on, so that an error below releases it.
+            let chunk = |home| Chunk {
+                handle,
+                granules: (p.size / g) as usize,
+                home,
+            };
+            let loc = match driver::allocation_location(handle) {
+                Ok(l) => l,
+                Err(e) => {
+                    drop(chunk(Home::Device(0)));
+                    return Err(e);
+                }
+            };
+            let home = if loc.type_ == sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE {
+                Home::Device(loc.id as u32)
+            } else {
+                Home::HostNuma(loc.id.max(0) as u32)
+            };
+            chunks.push(Arc::new(chunk(home)));
+        }
+        let home = chunks.first().map_or(Home::Device(0), |c| c.home);
+        let id = self.id();
+        self.state
+            .lock()
+            .physical
+            .insert(id, Physical { chunks, home });
+        Ok(RawPhysical(id))
+    }
+
+    fn shareable_fds_have_identity(&self) -> bool {
+        false
+    }
+
+    fn shareable_identity(&self, _fd: BorrowedFd<'_>) -> Option<super::ipc::ShareableIdentity> {
+        // Every exported fd is a descriptor of /dev/nvidiactl: fstat tells them apart by nothing.
+        None
     }
 
     fn check_shareable(&self, _fd: BorrowedFd<'_>, _need: u64) -> std::result::Result<(), String> {
-        Err("IPC import is not implemented on the cuda backend yet".into())
+        // Nothing to inspect before the import: `cuMemImportFromShareableHandle` refuses an fd
+        // that is not an exported allocation, and `cuMemMap` refuses a size other than the
+        // allocation's, so a part smaller than claimed fails at open (nothing kept).
+        Ok(())
     }
 }

@@ -44,13 +44,14 @@ pub(crate) use super::platform::{
 };
 use hetmem_linux::broker as ipc;
 
-use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, MprotectFlags, ProtFlags};
 
 use super::{
     AllocLocation, Backend, DeviceInfo, PhysicalLocation, Protection, RawAllocation, RawPhysical,
+    SharedPart,
 };
 use crate::backend::{HalError, Result};
 
@@ -404,29 +405,45 @@ impl Backend for HostBackend {
         )?))
     }
 
-    fn export_physical(&self, raw: RawPhysical) -> Result<OwnedFd> {
+    fn export_physical(&self, raw: RawPhysical) -> Result<Vec<SharedPart>> {
         // SAFETY: the fd is alive while the semantics layer holds the object (it holds its lock).
-        super::platform::dup(
+        Ok(vec![memfd_part(
             unsafe { BorrowedFd::borrow_raw(raw.0 as i32) },
             "a physical object",
-        )
+        )?])
     }
 
-    fn export_allocation(&self, raw: RawAllocation) -> Result<OwnedFd> {
+    fn export_allocation(&self, raw: RawAllocation) -> Result<Vec<SharedPart>> {
         // SAFETY: the fd is alive while the semantics layer holds the allocation.
-        super::platform::dup(
+        Ok(vec![memfd_part(
             unsafe { BorrowedFd::borrow_raw(raw.0 as i32) },
             "an allocation",
-        )
+        )?])
     }
 
-    fn import_physical(&self, fd: OwnedFd) -> Result<RawPhysical> {
-        Ok(RawPhysical(fd.into_raw_fd() as u64))
+    fn import_physical(&self, parts: Vec<SharedPart>) -> Result<RawPhysical> {
+        let n = parts.len();
+        let mut it = parts.into_iter();
+        match (it.next(), n) {
+            (Some(p), 1) => Ok(RawPhysical(p.fd.into_raw_fd() as u64)),
+            _ => Err(HalError::Unsupported(format!(
+                "the host backend imports a physical object from exactly one memfd, not {n}"
+            ))),
+        }
     }
 
     fn check_shareable(&self, fd: BorrowedFd<'_>, need: u64) -> std::result::Result<(), String> {
         check_sealed_memfd(fd, need)
     }
+}
+
+/// A duplicate of the memfd `fd` of `what` as one exported part of its whole size
+/// (`fcntl(F_DUPFD_CLOEXEC)`, `fstat(2)`).
+fn memfd_part(fd: BorrowedFd<'_>, what: &str) -> Result<SharedPart> {
+    let dup = super::platform::dup(fd, what)?;
+    let (_, _, size) = ipc::fd_identity(dup.as_fd())
+        .ok_or_else(|| HalError::Unexpected(format!("fstat of the memfd of {what} failed")))?;
+    Ok(SharedPart { fd: dup, size })
 }
 
 /// Checks that `fd` is a memfd sealed against grow and shrink of at least `need` bytes
