@@ -88,6 +88,31 @@ struct Chunk {
     handle: driver::CUmemGenericAllocationHandle,
     granules: usize,
     home: Home,
+    /// The shareable fd of its first export, kept so that later exports are a `dup` (about
+    /// 1 µs) instead of another `cuMemExportToShareableHandle` (about 110 µs per 2 MiB
+    /// allocation on an H200).
+    exported: std::sync::OnceLock<std::os::fd::OwnedFd>,
+}
+
+impl Chunk {
+    fn new(handle: driver::CUmemGenericAllocationHandle, granules: usize, home: Home) -> Chunk {
+        Chunk {
+            handle,
+            granules,
+            home,
+            exported: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// A shareable fd of this allocation, owned by the caller (see `exported`).
+    fn export(&self) -> Result<std::os::fd::OwnedFd> {
+        if self.exported.get().is_none() {
+            let fd = driver::export_fd(self.handle)?;
+            let _ = self.exported.set(fd);
+        }
+        let fd = self.exported.get().expect("set above");
+        super::platform::dup(fd.as_fd(), "an exported CUDA allocation")
+    }
 }
 
 impl Drop for Chunk {
@@ -333,11 +358,7 @@ impl CudaBackend {
         let mut parts: Vec<Arc<Chunk>> = Vec::with_capacity(n);
         for _ in 0..n {
             let handle = driver::mem_create(g, Self::location(home))?;
-            parts.push(Arc::new(Chunk {
-                handle,
-                granules: 1,
-                home,
-            }));
+            parts.push(Arc::new(Chunk::new(handle, 1, home)));
         }
         // Copy: the old allocation and the granules side by side in a scratch reservation,
         // read-write for the copying device. Queued work that writes the old one (from its own
@@ -530,11 +551,7 @@ impl Backend for CudaBackend {
             )),
             (e, _) => e,
         })?;
-        let chunk = Arc::new(Chunk {
-            handle,
-            granules: size / self.granule,
-            home,
-        });
+        let chunk = Arc::new(Chunk::new(handle, size / self.granule, home));
         let id = self.id();
         self.state.lock().physical.insert(
             id,
@@ -801,7 +818,7 @@ impl Backend for CudaBackend {
             .iter()
             .map(|c| {
                 Ok(SharedPart {
-                    fd: driver::export_fd(c.handle)?,
+                    fd: c.export()?,
                     size: self.granule as u64,
                 })
             })
@@ -841,11 +858,7 @@ impl Backend for CudaBackend {
             }
             let handle = driver::import_fd(p.fd.as_fd())?;
             // Held from here on, so that an error below releases it.
-            let chunk = |home| Chunk {
-                handle,
-                granules: (p.size / g) as usize,
-                home,
-            };
+            let chunk = |home| Chunk::new(handle, (p.size / g) as usize, home);
             let loc = match driver::allocation_location(handle) {
                 Ok(l) => l,
                 Err(e) => {
