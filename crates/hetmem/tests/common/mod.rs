@@ -147,6 +147,31 @@ pub fn not_applicable_on(kind: BackendKind, reason: &str) -> bool {
     true
 }
 
+/// True on backend `kind` after one loud `NOT APPLICABLE (<kind>) <test> [part]: <reason>` line:
+/// the test runs, but the checks this guards (named in the reason) cannot apply there.
+pub fn part_not_applicable_on(kind: BackendKind, reason: &str) -> bool {
+    if backend() != kind {
+        return false;
+    }
+    loud_once(format!(
+        "NOT APPLICABLE ({}) {} [part]: {reason}",
+        kind.name(),
+        test_name()
+    ));
+    true
+}
+
+/// True on the host backend; elsewhere false after a loud [`part_not_applicable_on`] line for
+/// the kernel-side checks of device mappings (`/proc/self/maps` lines and permissions), which
+/// exist only where device memory is host memory mapped by the runtime itself.
+pub fn kernel_maps_apply() -> bool {
+    !part_not_applicable_on(
+        BackendKind::Cuda,
+        "the /proc/self/maps checks of device mappings: on cuda device memory is mapped by the \
+         driver in the GPU's address space, not by host mmap, so the kernel shows no such lines",
+    )
+}
+
 /// The first line of every test of a file that runs on the host backend only as a whole: on any
 /// other backend, one loud line for the whole binary (`NOT APPLICABLE (<backend>) <binary>:
 /// <reason>`) and every test returns.
