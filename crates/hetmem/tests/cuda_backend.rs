@@ -324,10 +324,10 @@ fn host_physical_memory_is_reachable_from_the_host_and_the_device() {
         Err(e) => {
             // A driver without host physical memory must say so as UNSUPPORTED_FEATURE.
             assert_eq!(e.ze_result(), 0x7800_0003, "{e}");
-            eprintln!(
+            loud(&format!(
                 "NOT APPLICABLE (cuda) host physical memory: {}",
                 e.message()
-            );
+            ));
             return;
         }
     };

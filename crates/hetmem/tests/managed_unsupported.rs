@@ -7,6 +7,9 @@ use common::{output_text, run_test_in_child, runtime_with};
 
 #[test]
 fn managed_allocation_without_userfaultfd_is_unsupported_feature() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let out = run_test_in_child("no_uffd_child", &[("HETMEM_MANAGED_NO_UFFD_CHILD", "1")]);
     let text = output_text(&out);
     assert!(
@@ -69,6 +72,9 @@ fn refuse_userfaultfd() {
 
 #[test]
 fn no_uffd_child() {
+    if common::not_yet_parametric() {
+        return;
+    }
     if std::env::var_os("HETMEM_MANAGED_NO_UFFD_CHILD").is_none() {
         return;
     }

@@ -3,6 +3,8 @@
 //! fault. A map with access NONE populates nothing. Checked with the kernel's own count of the
 //! mapping's resident pages (`Rss` in `/proc/self/smaps`).
 
+mod common;
+
 use hetmem::{AccessAttribute, PhysicalMemoryFlags, Runtime};
 
 /// `Rss` in KiB of the mapping (VMA) that starts at `addr`, from `/proc/self/smaps`.
@@ -19,6 +21,9 @@ fn rss_kib(addr: usize) -> Option<u64> {
 
 #[test]
 fn readable_map_is_resident_at_once_and_access_none_is_not() {
+    if common::not_yet_parametric() {
+        return;
+    }
     let rt = Runtime::builder()
         .host_devices(1)
         .host_device_memory(64 << 20)

@@ -12,8 +12,8 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 
 use hetmem::{
-    AccessAttribute, AllocDesc, Context, IpcHandle, PhysicalMemoryFlags, RangeAttribute,
-    Reservation, Runtime, Stream,
+    AccessAttribute, AllocDesc, BackendKind, Context, Error, IpcHandle, PhysicalMemoryFlags,
+    RangeAttribute, Reservation, Runtime, Stream,
 };
 
 pub const K64: usize = 64 << 10;
@@ -36,25 +36,210 @@ pub mod ze {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Runtimes
+// Runtimes and the backend under test
+//
+// The backend comes from `HETMEM_BACKEND` (`host`, the default, or `cuda`); every runtime the
+// tests build through this module is on it. The `host_*` settings (device count, capacity,
+// largest allocation) shape host devices only and are ignored on cuda, whose devices are the
+// machine's GPUs.
+//
+// Every test starts with `if common::skip() { return; }`: where the chosen backend cannot start
+// (cuda without an NVIDIA driver or GPU) it prints one `SKIPPED (<backend>) <test>: <reason>`
+// line past the harness's capture and the test passes without running. A test (or part of one)
+// that cannot apply to a backend says so through [`not_applicable_on`], with the reason, as one
+// loud `NOT APPLICABLE (<backend>) <test>: <reason>` line. Nothing is skipped silently.
 
-/// One host device of 256 MiB.
+/// The backend the tests run on: `HETMEM_BACKEND`, default host.
+pub fn backend() -> BackendKind {
+    static B: std::sync::OnceLock<BackendKind> = std::sync::OnceLock::new();
+    *B.get_or_init(|| match std::env::var("HETMEM_BACKEND") {
+        Ok(v) => BackendKind::parse(&v).expect("HETMEM_BACKEND"),
+        Err(_) => BackendKind::Host,
+    })
+}
+
+/// Whether the tests run on the cuda backend.
+pub fn on_cuda() -> bool {
+    backend() == BackendKind::Cuda
+}
+
+/// Whether the tests run on the host backend.
+pub fn on_host() -> bool {
+    backend() == BackendKind::Host
+}
+
+/// Writes `line` to the process's stderr past the test harness's capture, so that it shows in
+/// every run's output, passed or not.
+pub fn loud(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// The name of the running test (libtest names each test's thread after it), without the
+/// module path.
+pub fn test_name() -> String {
+    let t = std::thread::current();
+    let n = t.name().unwrap_or("?");
+    n.rsplit("::").next().unwrap_or(n).to_string()
+}
+
+/// Prints `line` once per test (a proptest runs its body many times).
+fn loud_once(line: String) {
+    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    if !seen.contains(&line) {
+        loud(&line);
+        seen.push(line);
+    }
+}
+
+/// Why the chosen backend cannot start on this machine, if it cannot (asked once per process).
+/// Only cuda can fail that way, and only with `Uninitialized`; anything else fails the test.
+pub fn backend_unavailable() -> Option<String> {
+    static WHY: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    WHY.get_or_init(|| {
+        if on_host() {
+            return None;
+        }
+        match Runtime::builder().backend(backend()).build() {
+            Ok(_) => None,
+            Err(e) => {
+                assert!(
+                    matches!(e, Error::Uninitialized(_)),
+                    "the {} backend failed with something other than Uninitialized: {e:?}",
+                    backend().name()
+                );
+                Some(e.message().to_string())
+            }
+        }
+    })
+    .clone()
+}
+
+/// The first line of every test: true (the test returns and passes) after one loud
+/// `SKIPPED (<backend>) <test>: <reason>` line when the chosen backend cannot start here.
+pub fn skip() -> bool {
+    match backend_unavailable() {
+        None => false,
+        Some(why) => {
+            loud_once(format!(
+                "SKIPPED ({}) {}: {why}",
+                backend().name(),
+                test_name()
+            ));
+            true
+        }
+    }
+}
+
+/// True on backend `kind` after one loud `NOT APPLICABLE (<kind>) <test>: <reason>` line: the
+/// test (or the part of it this guards) cannot apply there, for the reason given, which must be
+/// a real difference of the backend. Checked before [`skip`]'s availability where it guards a
+/// whole test, so the count of not-applicable tests is the same on every machine.
+pub fn not_applicable_on(kind: BackendKind, reason: &str) -> bool {
+    if backend() != kind {
+        return false;
+    }
+    loud_once(format!(
+        "NOT APPLICABLE ({}) {}: {reason}",
+        kind.name(),
+        test_name()
+    ));
+    true
+}
+
+/// True on backend `kind` after one loud `NOT APPLICABLE (<kind>) <test> [part]: <reason>` line:
+/// the test runs, but the checks this guards (named in the reason) cannot apply there.
+pub fn part_not_applicable_on(kind: BackendKind, reason: &str) -> bool {
+    if backend() != kind {
+        return false;
+    }
+    loud_once(format!(
+        "NOT APPLICABLE ({}) {} [part]: {reason}",
+        kind.name(),
+        test_name()
+    ));
+    true
+}
+
+/// True on the host backend; elsewhere false after a loud [`part_not_applicable_on`] line for
+/// the kernel-side checks of device mappings (`/proc/self/maps` lines and permissions), which
+/// exist only where device memory is host memory mapped by the runtime itself.
+pub fn kernel_maps_apply() -> bool {
+    !part_not_applicable_on(
+        BackendKind::Cuda,
+        "the /proc/self/maps checks of device mappings: on cuda device memory is mapped by the \
+         driver in the GPU's address space, not by host mmap, so the kernel shows no such lines",
+    )
+}
+
+/// The first line of every test of a file that runs on the host backend only as a whole: on any
+/// other backend, one loud line for the whole binary (`NOT APPLICABLE (<backend>) <binary>:
+/// <reason>`) and every test returns.
+pub fn file_not_applicable(reason: &str) -> bool {
+    if on_host() {
+        return false;
+    }
+    let exe = std::env::current_exe().ok();
+    let bin = exe
+        .as_ref()
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let bin = bin
+        .rsplit_once('-')
+        .map(|(b, _)| b.to_string())
+        .unwrap_or(bin);
+    loud_once(format!(
+        "NOT APPLICABLE ({}) {bin} (whole file): {reason}",
+        backend().name()
+    ));
+    true
+}
+
+/// The first line of every test of a file not yet made backend-parametric (it still runs on
+/// the host backend only): on any other backend one loud line for the whole binary, then as
+/// [`skip`].
+pub fn not_yet_parametric() -> bool {
+    file_not_applicable("not yet made backend-parametric") || skip()
+}
+
+/// True (after a loud not-applicable line) when the runtime has fewer than `n` devices: on the
+/// host backend the test asks for them; on cuda they are the machine's GPUs.
+pub fn fewer_devices_than(rt: &Runtime, n: usize) -> bool {
+    let have = rt.driver().device_list().len();
+    if have >= n {
+        return false;
+    }
+    loud_once(format!(
+        "NOT APPLICABLE ({}) {}: needs {n} devices; this machine has {have}",
+        backend().name(),
+        test_name()
+    ));
+    true
+}
+
+/// A builder on the backend under test.
+pub fn builder() -> hetmem::RuntimeBuilder {
+    Runtime::builder().backend(backend())
+}
+
+/// One device (on the host backend, of 256 MiB).
 pub fn runtime() -> Runtime {
     runtime_with(1, 256 << 20)
 }
 
-/// `devices` host devices of `device_memory` bytes each.
+/// `devices` host devices of `device_memory` bytes each (on cuda: the machine's GPUs).
 pub fn runtime_with(devices: u32, device_memory: u64) -> Runtime {
-    Runtime::builder()
+    builder()
         .host_devices(devices)
         .host_device_memory(device_memory)
         .build()
         .expect("runtime")
 }
 
-/// [`runtime_with`], with `max_alloc` bytes as the largest single allocation.
+/// [`runtime_with`], with `max_alloc` bytes as the largest single allocation (host only).
 pub fn runtime_with_max_alloc(devices: u32, device_memory: u64, max_alloc: u64) -> Runtime {
-    Runtime::builder()
+    builder()
         .host_devices(devices)
         .host_device_memory(device_memory)
         .host_max_alloc_size(max_alloc)
@@ -67,6 +252,19 @@ pub fn context_with(devices: u32, device_memory: u64) -> (Runtime, Context) {
     let rt = runtime_with(devices, device_memory);
     let ctx = rt.driver().create_context().expect("context");
     (rt, ctx)
+}
+
+/// The virtual-memory page size of device 0 for `size` bytes (`zeVirtualMemQueryPageSize`):
+/// on the host backend 64 KiB below 2 MiB and 2 MiB from 2 MiB, on cuda the driver's
+/// granularity (2 MiB) for every size.
+pub fn page_for(ctx: &Context, size: usize) -> usize {
+    let dev = ctx.driver().device(0).expect("device 0");
+    ctx.query_page_size(&dev, size).expect("page size")
+}
+
+/// The base page of device 0 (`page_for(ctx, 1)`): the unit of map, unmap and access calls.
+pub fn page(ctx: &Context) -> usize {
+    page_for(ctx, 1)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -104,6 +302,104 @@ pub fn check(ptr: usize, size: usize, seed: u64) -> Option<usize> {
     (0..size)
         .step_by(8)
         .find(|&off| read(ptr + off) != seed ^ off as u64)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device memory as the device sees it
+//
+// On the host backend device memory is host memory, read and written directly (as above). On
+// cuda the host cannot reach device memory: these go through the runtime's own copies, on an
+// immediate command list of device 0, between the range and a host USM staging buffer. Memory
+// the host reaches on both backends (host USM, shared USM, managed memory, host physical
+// memory) may use the direct helpers above.
+
+/// `n` bytes at `src` as the device sees them.
+pub fn dev_bytes(ctx: &Context, src: usize, n: usize) -> Vec<u8> {
+    if on_host() {
+        // SAFETY: the caller passes memory mapped readable on the host backend.
+        return unsafe { std::slice::from_raw_parts(src as *const u8, n) }.to_vec();
+    }
+    let host = ctx
+        .alloc_host(&AllocDesc::new(n.max(1)))
+        .expect("staging host USM");
+    let dev = ctx.driver().device(0).expect("device 0");
+    let list = ctx.create_immediate_command_list(&dev).expect("list");
+    list.append_memory_copy(host, src, n, None, &[])
+        .expect("copy from device memory");
+    list.host_synchronize(u64::MAX).expect("sync");
+    // SAFETY: host USM memory of n bytes, written by the finished copy.
+    let out = unsafe { std::slice::from_raw_parts(host as *const u8, n) }.to_vec();
+    ctx.free_memory(host).expect("free staging");
+    out
+}
+
+/// Writes `data` at `dst` as the device would.
+pub fn dev_put(ctx: &Context, dst: usize, data: &[u8]) {
+    if on_host() {
+        // SAFETY: the caller passes memory mapped writable on the host backend.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst as *mut u8, data.len()) };
+        return;
+    }
+    let n = data.len();
+    let host = ctx
+        .alloc_host(&AllocDesc::new(n.max(1)))
+        .expect("staging host USM");
+    // SAFETY: host USM memory of n bytes.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), host as *mut u8, n) };
+    let dev = ctx.driver().device(0).expect("device 0");
+    let list = ctx.create_immediate_command_list(&dev).expect("list");
+    list.append_memory_copy(dst, host, n, None, &[])
+        .expect("copy to device memory");
+    list.host_synchronize(u64::MAX).expect("sync");
+    ctx.free_memory(host).expect("free staging");
+}
+
+/// [`write`] of device memory.
+pub fn dev_write(ctx: &Context, addr: usize, v: u64) {
+    if on_host() {
+        return write(addr, v);
+    }
+    dev_put(ctx, addr, &v.to_ne_bytes());
+}
+
+/// [`read`] of device memory.
+pub fn dev_read(ctx: &Context, addr: usize) -> u64 {
+    if on_host() {
+        return read(addr);
+    }
+    u64::from_ne_bytes(dev_bytes(ctx, addr, 8).try_into().unwrap())
+}
+
+/// [`byte`] of device memory.
+pub fn dev_byte(ctx: &Context, p: usize) -> u8 {
+    if on_host() {
+        return byte(p);
+    }
+    dev_bytes(ctx, p, 1)[0]
+}
+
+/// [`fill`] of device memory (one copy on cuda).
+pub fn dev_fill(ctx: &Context, ptr: usize, size: usize, seed: u64) {
+    if on_host() {
+        return fill(ptr, size, seed);
+    }
+    let mut b = Vec::with_capacity(size);
+    for off in (0..size).step_by(8) {
+        let w = (seed ^ off as u64).to_ne_bytes();
+        b.extend_from_slice(&w[..8.min(size - off)]);
+    }
+    dev_put(ctx, ptr, &b);
+}
+
+/// [`check`] of device memory (one copy on cuda).
+pub fn dev_check(ctx: &Context, ptr: usize, size: usize, seed: u64) -> Option<usize> {
+    if on_host() {
+        return check(ptr, size, seed);
+    }
+    let b = dev_bytes(ctx, ptr, size);
+    (0..size / 8 * 8)
+        .step_by(8)
+        .find(|&off| u64::from_ne_bytes(b[off..off + 8].try_into().unwrap()) != seed ^ off as u64)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -300,7 +596,7 @@ pub const EXPORTED_SEED: u64 = 0xabcd;
 pub fn child_export_alloc(ctx: &Context, wait: bool) -> String {
     use std::os::fd::AsFd;
     let e = make_alloc(ctx);
-    fill(e.ptr, e.size, EXPORTED_SEED);
+    dev_fill(ctx, e.ptr, e.size, EXPORTED_SEED);
     let h = ctx.get_ipc_handle(e.ptr).unwrap();
     std::fs::write(env("FILE"), h.as_bytes()).unwrap();
     if !env("SOCK").is_empty() {
@@ -385,21 +681,23 @@ pub fn make_physical(ctx: &Context) -> Exported {
     }
 }
 
-/// Three adjacent 1 MiB reservations holding 7 physical objects of 512 KiB, mostly mapped at
-/// non-zero offsets; the range starts 64 KiB into the first object and stops 192 KiB before
-/// the end of the third reservation (whose tail stays unmapped: `hole` is its first byte).
-/// Returns the exported range plus `hole`.
+/// Three adjacent reservations of 16 base pages (1 MiB on the host backend, whose base page is
+/// 64 KiB) holding 7 physical objects of 8 pages, mostly mapped at non-zero offsets; the range
+/// starts 1 page into the first object and stops 3 pages before the end of the third
+/// reservation (whose tail stays unmapped: `hole` is its first byte). Returns the exported
+/// range plus `hole`. The unit is [`page`] (2 MiB on cuda).
 pub fn make_range(ctx: &Context) -> (Exported, usize) {
     let dev = ctx.driver().device(0).unwrap();
-    let m = 1 << 20;
+    let u = page(ctx);
+    let m = 16 * u;
     let rs = adjacent_reservations(ctx, 3, m);
     let objects: Vec<_> = (0..7)
         .map(|_| {
-            ctx.create_physical_memory(Some(&dev), PhysicalMemoryFlags::AllocateOnDevice, 512 << 10)
+            ctx.create_physical_memory(Some(&dev), PhysicalMemoryFlags::AllocateOnDevice, 8 * u)
                 .unwrap()
         })
         .collect();
-    // (reservation, offset in it, object, offset in object, length), in units of 64 KiB.
+    // (reservation, offset in it, object, offset in object, length), in base pages.
     let plan = [
         (0, 0, 0, 2, 4),
         (0, 4, 1, 1, 6),
@@ -411,16 +709,16 @@ pub fn make_range(ctx: &Context) -> (Exported, usize) {
     ];
     for &(r, at, o, off, len) in &plan {
         ctx.map(
-            rs[r].base + at * K64,
-            len * K64,
+            rs[r].base + at * u,
+            len * u,
             objects[o],
-            off * K64,
+            off * u,
             AccessAttribute::ReadWrite,
         )
         .unwrap();
     }
-    let ptr = rs[0].base + K64;
-    let hole = rs[2].base + 7 * K64;
+    let ptr = rs[0].base + u;
+    let hole = rs[2].base + 7 * u;
     (
         Exported {
             ptr,
