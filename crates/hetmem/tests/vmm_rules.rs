@@ -159,14 +159,34 @@ fn munmap(addr: usize, len: usize) {
 }
 
 /// An `align`-aligned address whose `len` bytes were free a moment ago.
-fn free_window(len: usize, align: usize) -> usize {
+fn free_window(ctx: &Context, len: usize, align: usize) -> usize {
+    if common::on_cuda() {
+        // The GPU driver's address space, not the process's mmap space: a range it handed out
+        // and took back.
+        let r = ctx.reserve(None, (len + align).next_multiple_of(common::page(ctx))).unwrap();
+        let base = r.base;
+        ctx.free_reservation(r).unwrap();
+        return align_up(base, align);
+    }
     let p = mmap_anon(len + align, libc::PROT_NONE);
     munmap(p, len + align);
     align_up(p, align)
 }
 
-/// Whether `[addr, addr+len)` is free now (claimed with `MAP_FIXED_NOREPLACE`, then released).
-fn range_is_free(addr: usize, len: usize) -> bool {
+/// Whether `[addr, addr+len)` is free now: on the host claimed with `MAP_FIXED_NOREPLACE`,
+/// then released; on cuda reserved with `addr` as the hint (the driver gives it only if free),
+/// then freed.
+fn range_is_free(ctx: &Context, addr: usize, len: usize) -> bool {
+    if common::on_cuda() {
+        return match ctx.reserve(Some(addr), len) {
+            Ok(r) => {
+                let at = r.base;
+                ctx.free_reservation(r).unwrap();
+                at == addr
+            }
+            Err(_) => false,
+        };
+    }
     // SAFETY: FIXED_NOREPLACE never replaces an existing mapping.
     let p = unsafe {
         libc::mmap(
@@ -277,7 +297,7 @@ fn reserve_size_zero_is_unsupported_size() {
     assert!(matches!(err, Error::UnsupportedSize(_)), "{err:?}");
     assert_eq!(err.ze_result(), UNSUPPORTED_SIZE);
     assert_err!(
-        e.ctx.reserve(Some(free_window(MIB, MIB)), 0),
+        e.ctx.reserve(Some(free_window(&e.ctx, MIB, MIB)), 0),
         UnsupportedSize
     );
     assert_eq!(e.stats().reservations, 0);
@@ -327,7 +347,7 @@ fn reserve_hint_is_honoured_when_free() {
         // Another thread of this process may take the window between our look and the call;
         // only then is another address acceptable, so retry.
         for _ in 0..20 {
-            let hint = free_window(size, align);
+            let hint = free_window(&e.ctx, size, align);
             let r = e.ctx.reserve(Some(hint), size).unwrap();
             if r.base == hint {
                 assert_eq!(r.size, size);
@@ -341,7 +361,7 @@ fn reserve_hint_is_honoured_when_free() {
             }
             e.ctx.free_reservation(r).unwrap();
             assert!(
-                !range_is_free(hint, size),
+                !range_is_free(&e.ctx, hint, size),
                 "hint {hint:#x} (size {size:#x}) was free but reserve chose {:#x}",
                 r.base
             );
@@ -406,7 +426,7 @@ fn reserve_unaligned_hint_gives_an_aligned_reservation() {
     }
     let e = env(16 * MIB);
     let size = 4 * e.page();
-    let hint = free_window(2 * size, e.page()) + os_page();
+    let hint = free_window(&e.ctx, 2 * size, e.page()) + os_page();
     let r = e.ctx.reserve(Some(hint), size).unwrap();
     assert_eq!(r.base % e.page(), 0, "{r:?}");
     assert_eq!(r.size, size);
@@ -494,7 +514,7 @@ fn free_needs_exact_base_and_size() {
     let e = env(16 * MIB);
     let p = e.page();
     let r = e.reserve(4 * p);
-    let other = free_window(4 * p, p);
+    let other = free_window(&e.ctx, 4 * p, p);
     for (ptr, size) in [
         (r.base, r.size - p),
         (r.base, r.size + p),
@@ -1113,7 +1133,7 @@ fn map_outside_reservation_is_invalid_argument() {
 /// Two reservations of `each` bytes, the second starting where the first ends.
 fn adjacent_reservations(e: &Env, each: usize) -> (Reservation, Reservation) {
     for _ in 0..20 {
-        let w = free_window(2 * each, e.page_for(each));
+        let w = free_window(&e.ctx, 2 * each, e.page_for(each));
         let a = e.ctx.reserve(Some(w), each).unwrap();
         let b = e.ctx.reserve(Some(w + each), each).unwrap();
         if a.base == w && b.base == w + each {
@@ -1551,7 +1571,7 @@ fn unmap_outside_reservation_is_invalid_argument() {
     e.ctx.map(r.base, 2 * p, ph, 0, RW).unwrap();
     assert_err!(e.ctx.unmap(r.base + p, 2 * p), InvalidArgument);
     assert_err!(e.ctx.unmap(r.base - p, 2 * p), InvalidArgument);
-    assert_err!(e.ctx.unmap(free_window(p, p), p), InvalidArgument);
+    assert_err!(e.ctx.unmap(free_window(&e.ctx, p, p), p), InvalidArgument);
     assert_eq!(e.attrs(r), vec![RW; 2]);
     e.ctx.free_reservation(r).unwrap();
     e.ctx.destroy_physical_memory(ph).unwrap();
@@ -1735,7 +1755,7 @@ fn access_calls_outside_reservation_are_invalid_argument() {
     let r = e.reserve(2 * p);
     let ph = e.phys(2 * p);
     e.ctx.map(r.base, 2 * p, ph, 0, RW).unwrap();
-    let elsewhere = free_window(p, p);
+    let elsewhere = free_window(&e.ctx, p, p);
     for (ptr, size) in [(r.base + p, 2 * p), (r.base - p, 2 * p), (elsewhere, p)] {
         assert_err!(e.ctx.set_access_attribute(ptr, size, RO), InvalidArgument);
         assert_err!(e.ctx.get_access_attribute(ptr, size), InvalidArgument);

@@ -524,7 +524,19 @@ impl Backend for CudaBackend {
 
     unsafe fn reserve(&self, hint: Option<usize>, size: usize, align: usize) -> Result<usize> {
         self.bind(0)?;
-        driver::address_reserve(size, align.max(self.granule), hint.unwrap_or(0))
+        driver::address_reserve(size, align.max(self.granule), hint.unwrap_or(0)).map_err(|e| {
+            match e {
+                // The range the driver could not find is virtual address space (the host's
+                // resource, as on every backend), whatever the driver calls it.
+                HalError::Unexpected(m) | HalError::OutOfHostMemory(m) => {
+                    HalError::OutOfHostMemory(format!(
+                        "{m}: the GPU's virtual address space has no free range of {size:#x} \
+                         bytes"
+                    ))
+                }
+                e => e,
+            }
+        })
     }
 
     unsafe fn release(&self, addr: usize, size: usize) -> Result<()> {
