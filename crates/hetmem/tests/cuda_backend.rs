@@ -756,3 +756,104 @@ fn ipc_between_two_processes_shares_gpu_memory() {
     ctx.destroy_physical_memory(small).unwrap();
     ctx.free_reservation(r).unwrap();
 }
+
+/// ACL's host-synchronous `aclrtMemset` / `aclrtMemcpy` (`Context::host_memset` /
+/// `host_memcpy`) on GPU memory the host cannot reach: the device fills and copies, from and to
+/// plain (pageable) host memory; a side the driver does not know, or a READONLY page as the
+/// destination, is refused with nothing written.
+#[test]
+fn host_synchronous_memset_and_memcpy_reach_device_memory_through_the_device() {
+    let Some(rt) = cuda("host-synchronous memset and memcpy") else {
+        return;
+    };
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device_ref(0).unwrap();
+    let page = ctx.query_page_size(dev, 1).unwrap();
+    let d = ctx.alloc_device(dev, &AllocDesc::new(3 << 20)).unwrap();
+    // SAFETY: device memory of this context; nothing else uses it.
+    unsafe { ctx.host_memset(d, 0x5a, 3 << 20) }.unwrap();
+    assert_eq!(read_back(&ctx, &rt, d + (3 << 20) - 8, 8), [0x5a; 8]);
+    let src: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+    let mut back = vec![0u8; 4096];
+    // SAFETY: `src` and `back` are ours; `d` is device memory of this context.
+    unsafe {
+        ctx.host_memcpy(d + 100, src.as_ptr() as usize, src.len())
+            .unwrap();
+        ctx.host_memcpy(back.as_mut_ptr() as usize, d + 100, back.len())
+            .unwrap();
+    }
+    assert_eq!(back, src);
+    // Device to device, both sides device memory.
+    let e = ctx.alloc_device(dev, &AllocDesc::new(page)).unwrap();
+    // SAFETY: as above.
+    unsafe { ctx.host_memcpy(e, d + 100, 4096) }.unwrap();
+    assert_eq!(read_back(&ctx, &rt, e, 4096), src);
+    // Past the end of the allocation: refused, nothing written.
+    // SAFETY: refused before anything runs.
+    let err = unsafe { ctx.host_memset(e + page - 8, 1, 16) }.unwrap_err();
+    assert!(err.message().contains("runs past"), "{err}");
+    // A READONLY mapping as the destination: refused; as the source: copied.
+    let r = ctx.reserve(None, page).unwrap();
+    let phys = ctx
+        .create_physical_memory(Some(dev), PhysicalMemoryFlags::AllocateOnDevice, page)
+        .unwrap();
+    ctx.map(r.base, page, phys, 0, AccessAttribute::ReadWrite)
+        .unwrap();
+    fill(&ctx, &rt, r.base, &[0x31], 64);
+    ctx.set_access_attribute(r.base, page, AccessAttribute::ReadOnly)
+        .unwrap();
+    // SAFETY: refused before anything runs.
+    let err = unsafe { ctx.host_memset(r.base, 9, 64) }.unwrap_err();
+    assert!(err.message().contains("ReadOnly"), "{err}");
+    assert_eq!(read_back(&ctx, &rt, r.base, 8), [0x31; 8]);
+    let mut eight = [0u8; 8];
+    // SAFETY: `eight` is ours; the source is a readable mapping of this context.
+    unsafe { ctx.host_memcpy(eight.as_mut_ptr() as usize, r.base, 8) }.unwrap();
+    assert_eq!(eight, [0x31; 8]);
+    ctx.unmap(r.base, page).unwrap();
+    ctx.destroy_physical_memory(phys).unwrap();
+    ctx.free_reservation(r).unwrap();
+    ctx.free_memory(e).unwrap();
+    ctx.free_memory(d).unwrap();
+}
+
+/// ACL's read-mostly rule on the GPU: a range advised read-mostly may then be given a device
+/// as its preferred location (a read-only copy goes there), although its pages are on the host;
+/// without read-mostly the same advice on host pages is refused with 107000.
+#[test]
+fn read_mostly_pages_take_a_device_preferred_location_and_others_on_the_host_do_not() {
+    use hetmem::{Advice, Location};
+    let Some(rt) = cuda("read-mostly and preferred location") else {
+        return;
+    };
+    let ctx = rt.driver().create_context().unwrap();
+    let m = ctx.alloc_managed(4 << 20, 1).unwrap();
+    ctx.mem_advise(m, 2 << 20, Advice::SetReadMostly, Location::Host)
+        .unwrap();
+    ctx.mem_advise(
+        m,
+        2 << 20,
+        Advice::SetPreferredLocation,
+        Location::Device(0),
+    )
+    .unwrap();
+    // The second page: put on the host, not read-mostly.
+    ctx.mem_advise(
+        m + (2 << 20),
+        2 << 20,
+        Advice::SetPreferredLocation,
+        Location::Host,
+    )
+    .unwrap();
+    let e = ctx
+        .mem_advise(
+            m + (2 << 20),
+            2 << 20,
+            Advice::SetPreferredLocation,
+            Location::Device(0),
+        )
+        .unwrap_err();
+    assert_eq!(e.acl_error(), 107000, "{e}");
+    assert!(e.message().contains("mapped on the host"), "{e}");
+    ctx.free_managed(m).unwrap();
+}

@@ -355,8 +355,12 @@ impl Context {
     /// [`Context::managed_memcpy`]. Otherwise each side must be plain process memory mapped
     /// readable (`src`) / writable (`dst`) for the whole range: host buffers, USM host / device
     /// / shared allocations, imports, mapped virtual memory, opened IPC views (on the host
-    /// backend device memory is process memory). A `count` of 0 copies nothing (the pointers
-    /// are still checked for null). Works where managed memory is unavailable.
+    /// backend device memory is process memory). A side the host cannot reach that is device
+    /// memory of this driver (the cuda backend's device allocations, mappings and views) is
+    /// copied by device 0's engine instead, checked as a queue operand and held against frees
+    /// until the copy has run; the other side may then be any host memory. A `count` of 0
+    /// copies nothing (the pointers are still checked for null). Works where managed memory is
+    /// unavailable.
     ///
     /// Errors (nothing copied): `ACL_ERROR_INVALID_PARAM` (100000) for a null pointer;
     /// `ACL_ERROR_RT_PARAM_INVALID` (107000) for a range that is not mapped with the access
@@ -374,16 +378,75 @@ impl Context {
         if self.is_managed(dst) || self.is_managed(src) {
             return self.managed_memcpy(dst, src, count);
         }
-        self.check_plain(src, count, false)?;
-        self.check_plain(dst, count, true)?;
-        // SAFETY: both ranges are mapped with the access needed (checked); memmove.
-        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, count) };
-        Ok(())
+        let s = self.check_plain(src, count, false);
+        let d = self.check_plain(dst, count, true);
+        if let (Ok(()), Ok(())) = (&s, &d) {
+            // SAFETY: both ranges are mapped with the access needed (checked); memmove.
+            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, count) };
+            return Ok(());
+        }
+        // A side the host cannot reach may be device memory of this driver (the cuda
+        // backend's): the device copies.
+        let mut device_sides = Vec::new();
+        for (r, p, write) in [(s, src, false), (d, dst, true)] {
+            if let Err(host_err) = r {
+                match self.device_side(p, count, write) {
+                    None => return Err(host_err),
+                    Some(Err(e)) => return Err(e),
+                    Some(Ok(())) => {}
+                }
+                device_sides.push(crate::semantics::queue::Operand {
+                    ptr: p,
+                    size: count,
+                    write,
+                });
+            }
+        }
+        self.driver_shared_arc().device_sync_op(
+            &device_sides,
+            crate::backend::EngineOp::Copy {
+                dst,
+                src,
+                size: count,
+            },
+        )
+    }
+
+    /// For a side the host cannot reach: `None` if it is not memory of this driver (or the
+    /// backend's device memory is process memory, the host backend), else whether a device
+    /// can reach it with the access needed, as a queue operand is checked (the error names
+    /// what is wrong: past the end, a page not mapped, a READONLY page for a write).
+    fn device_side(&self, p: usize, count: usize, write: bool) -> Option<Result<()>> {
+        if self.driver().backend_kind() == crate::BackendKind::Host {
+            return None;
+        }
+        let d = self.driver_shared();
+        let usm = d.usm.read();
+        let vm = d.vm.read();
+        let views = crate::ipc::views(d);
+        let known = usm.operand_info(p).is_some()
+            || vm.pointer_info(p).is_some()
+            || views.range(p).is_some();
+        known.then(|| {
+            crate::semantics::queue::check_operand(
+                &usm,
+                &vm,
+                &views,
+                crate::semantics::queue::Operand {
+                    ptr: p,
+                    size: count,
+                    write,
+                },
+            )
+            .map(|_| ())
+            .map_err(|e| Error::Acl(AclCode::RtParamInvalid, e.message().to_string()))
+        })
     }
 
     /// Host-synchronous `aclrtMemset` of `count` bytes at `ptr` to `value`, any memory: managed
     /// memory as [`Context::managed_memset`], otherwise plain process memory mapped writable
-    /// for the whole range (as [`Context::host_memcpy`]).
+    /// for the whole range, or device memory of this driver the host cannot reach, filled by
+    /// device 0's engine (as [`Context::host_memcpy`]).
     ///
     /// Errors (nothing written): `ACL_ERROR_INVALID_PARAM` (100000) for a null pointer;
     /// `ACL_ERROR_RT_PARAM_INVALID` (107000) for a range not mapped writable, running into
@@ -398,7 +461,26 @@ impl Context {
         if self.is_managed(ptr) {
             return self.managed_memset(ptr, value, count);
         }
-        self.check_plain(ptr, count, true)?;
+        if let Err(host_err) = self.check_plain(ptr, count, true) {
+            // Device memory the host cannot reach (the cuda backend's): the device fills.
+            match self.device_side(ptr, count, true) {
+                None => return Err(host_err),
+                Some(Err(e)) => return Err(e),
+                Some(Ok(())) => {}
+            }
+            return self.driver_shared_arc().device_sync_op(
+                &[crate::semantics::queue::Operand {
+                    ptr,
+                    size: count,
+                    write: true,
+                }],
+                crate::backend::EngineOp::Fill {
+                    ptr,
+                    pattern: vec![value],
+                    size: count,
+                },
+            );
+        }
         // SAFETY: the range is mapped writable (checked).
         unsafe { std::ptr::write_bytes(ptr as *mut u8, value, count) };
         Ok(())

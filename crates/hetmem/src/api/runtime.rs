@@ -165,6 +165,7 @@ impl RuntimeBuilder {
             inflight: crate::semantics::inflight::InFlight::default(),
             managed,
             ipc_max_range_pieces: self.ipc_max_range_pieces,
+            sync_engine: parking_lot::Mutex::new(None),
         });
         Ok(Runtime {
             driver: Driver::new(shared),
@@ -379,6 +380,11 @@ impl Context {
 
     /// The driver's shared state (for the semantics modules' `impl Context` blocks).
     pub(crate) fn driver_shared(&self) -> &DriverShared {
+        &self.inner.driver
+    }
+
+    /// [`Context::driver_shared`], shared.
+    pub(crate) fn driver_shared_arc(&self) -> &Arc<DriverShared> {
         &self.inner.driver
     }
 

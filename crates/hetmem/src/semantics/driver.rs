@@ -33,6 +33,9 @@ pub(crate) struct DriverShared {
     pub(crate) managed: crate::semantics::managed::ManagedState,
     /// [`RuntimeBuilder::ipc_max_range_pieces`].
     pub(crate) ipc_max_range_pieces: usize,
+    /// The engine of the host-synchronous copies and fills that reach memory the host cannot
+    /// ([`DriverShared::device_sync_op`]), made on first use; one at a time.
+    pub(crate) sync_engine: parking_lot::Mutex<Option<Box<dyn crate::backend::Engine>>>,
 }
 
 /// Takes the driver's `vm` write lock once no queued or running work references any of the
@@ -96,5 +99,64 @@ pub(crate) fn set_access(
             SetOutcome::Done => return Ok(()),
             SetOutcome::Referenced => d.inflight.wait_unreferenced_ref(busy),
         }
+    }
+}
+
+impl DriverShared {
+    /// Runs one copy or fill on device 0's engine and waits for it: a host-synchronous call
+    /// (ACL's `aclrtMemcpy` / `aclrtMemset`) whose memory the host cannot reach (device memory
+    /// on the cuda backend). `device_sides` are the operands that must be memory this driver
+    /// knows, checked as a queue's are ([`crate::semantics::queue::check_operand`]: live, inside
+    /// its allocation, reservation pages mapped with the access needed) and held in flight
+    /// until the operation has run, so a concurrent free waits for it; the caller has checked
+    /// any other side as host memory (which CUDA copies reach as pageable memory).
+    ///
+    /// Errors: those of `check_operand` (`InvalidArgument`, `InvalidNullPointer`), before
+    /// anything runs; those of making the engine or its sync object.
+    pub(crate) fn device_sync_op(
+        self: &Arc<Self>,
+        device_sides: &[crate::semantics::queue::Operand],
+        op: crate::backend::EngineOp,
+    ) -> Result<()> {
+        let held = {
+            let usm = self.usm.read();
+            let vm = self.vm.read();
+            let views = crate::ipc::views(self);
+            let gates = vm.gates_for(device_sides.iter().map(|o| o.ptr));
+            let _held: Vec<_> = gates.iter().map(|p| p.exclusive()).collect();
+            let mut ids = Vec::with_capacity(device_sides.len());
+            for &o in device_sides {
+                ids.push(crate::semantics::queue::check_operand(
+                    &usm, &vm, &views, o,
+                )?);
+            }
+            self.inflight.acquire(&ids);
+            ids
+        };
+        let release = |ids: &[InFlightRef]| {
+            for p in self.inflight.release(ids) {
+                p.finish(self.backend.as_ref());
+            }
+        };
+        let run = || -> Result<()> {
+            let mut engine = self.sync_engine.lock();
+            if engine.is_none() {
+                *engine = Some(self.backend.create_engine(0)?);
+            }
+            let sync = self.backend.create_sync()?;
+            // SAFETY: the device sides are live and held in flight (above) until released
+            // below, after the signal; the host sides are the caller's, as its contract says.
+            unsafe {
+                engine
+                    .as_ref()
+                    .expect("made above")
+                    .submit(vec![op, crate::backend::EngineOp::Signal(sync.clone())])
+            };
+            sync.wait_ns(u64::MAX);
+            Ok(())
+        };
+        let r = run();
+        release(&held);
+        r
     }
 }

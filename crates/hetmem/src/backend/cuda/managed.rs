@@ -47,6 +47,9 @@ struct State {
     ranges: BTreeMap<usize, (usize, usize)>,
     /// The last place each page (by address) was moved to or used from through hetmem.
     pages: BTreeMap<usize, Place>,
+    /// The pages advised read-mostly (`cuMemAdvise` records it; the driver has no query
+    /// hetmem could ask per page cheaply).
+    read_mostly: std::collections::BTreeSet<usize>,
     stats: ManagedStats,
 }
 
@@ -258,6 +261,10 @@ impl ManagedResidency for CudaManaged {
         for k in keys {
             st.pages.remove(&k);
         }
+        let keys: Vec<usize> = st.read_mostly.range(base..base + size).copied().collect();
+        for k in keys {
+            st.read_mostly.remove(&k);
+        }
         st.stats.allocations -= 1;
         st.stats.bytes -= size as u64;
     }
@@ -297,7 +304,7 @@ impl ManagedResidency for CudaManaged {
                     let at = st.pages.get(&a).copied();
                     PageView {
                         addr: a,
-                        read_mostly: false,
+                        read_mostly: st.read_mostly.contains(&a),
                         host: matches!(at, Some(Place::Host | Place::HostNuma(_))),
                         device: at.and_then(Place::device),
                     }
@@ -330,6 +337,20 @@ impl ManagedResidency for CudaManaged {
             true,
         )
         .map_err(platform)?;
+        {
+            let mut st = self.state.lock();
+            match advice {
+                ResidencyAdvice::SetReadMostly => {
+                    st.read_mostly.extend((ptr..ptr + size).step_by(self.page))
+                }
+                ResidencyAdvice::UnsetReadMostly(_) => {
+                    for a in (ptr..ptr + size).step_by(self.page) {
+                        st.read_mostly.remove(&a);
+                    }
+                }
+                _ => {}
+            }
+        }
         if let Some(p) = eager {
             // ACL populates at once where CUDA only records the advice.
             self.prefetch(ptr, size, p)?;
@@ -410,10 +431,12 @@ impl ManagedResidency for CudaManaged {
 
     fn residency(&self, addr: usize) -> Option<Residency> {
         let st = self.state.lock();
-        let at = *st.pages.get(&(addr / self.page * self.page))?;
+        let page = addr / self.page * self.page;
+        let at = *st.pages.get(&page)?;
         Some(Residency {
             host: at.device().is_none(),
-            host_read_only: false,
+            // A read-mostly page's host copy is read-only (the driver duplicates it on read).
+            host_read_only: at.device().is_none() && st.read_mostly.contains(&page),
             devices: at.device().into_iter().collect(),
         })
     }
