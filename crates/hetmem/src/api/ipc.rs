@@ -590,6 +590,12 @@ impl Context {
         }
         let backend = self.driver_shared().backend.as_ref();
         if !backend.shareable_fds_have_identity() {
+            // SAFETY: only inspected; a number that is not open fails.
+            check_received_fd(
+                backend,
+                unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+                1,
+            )?;
             return Err(Error::UnsupportedFeature(format!(
                 "the {} backend's shareable handles cannot be traced back to their memory from \
                  the fd alone (every one is a descriptor of the same device file); open the \

@@ -903,10 +903,23 @@ impl Backend for CudaBackend {
         None
     }
 
-    fn check_shareable(&self, _fd: BorrowedFd<'_>, _need: u64) -> std::result::Result<(), String> {
-        // Nothing to inspect before the import: `cuMemImportFromShareableHandle` refuses an fd
-        // that is not an exported allocation, and `cuMemMap` refuses a size other than the
+    fn check_shareable(&self, fd: BorrowedFd<'_>, _need: u64) -> std::result::Result<(), String> {
+        // A CUDA shareable handle is a descriptor of /dev/nvidiactl (character device, major
+        // 195; fstat(2)). Its size cannot be read: `cuMemMap` refuses a size other than the
         // allocation's, so a part smaller than claimed fails at open (nothing kept).
+        let st = rustix::fs::fstat(fd)
+            .map_err(|e| format!("a received fd cannot be inspected (fstat: {e})"))?;
+        let chr = rustix::fs::FileType::from_raw_mode(st.st_mode)
+            == rustix::fs::FileType::CharacterDevice;
+        if !chr || rustix::fs::major(st.st_rdev) != NVIDIA_MAJOR {
+            return Err(
+                "a received fd is not a CUDA shareable handle (a descriptor of /dev/nvidiactl)"
+                    .into(),
+            );
+        }
         Ok(())
     }
 }
+
+/// The major number of the NVIDIA character devices (`/dev/nvidiactl`, `/dev/nvidia0`, ...).
+const NVIDIA_MAJOR: u32 = 195;
