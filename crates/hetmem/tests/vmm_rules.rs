@@ -163,7 +163,9 @@ fn free_window(ctx: &Context, len: usize, align: usize) -> usize {
     if common::on_cuda() {
         // The GPU driver's address space, not the process's mmap space: a range it handed out
         // and took back.
-        let r = ctx.reserve(None, (len + align).next_multiple_of(common::page(ctx))).unwrap();
+        let r = ctx
+            .reserve(None, (len + align).next_multiple_of(common::page(ctx)))
+            .unwrap();
         let base = r.base;
         ctx.free_reservation(r).unwrap();
         return align_up(base, align);
