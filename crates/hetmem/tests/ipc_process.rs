@@ -8,6 +8,12 @@
 //! written over bytes 0..4; the 64 bytes alone through a file); writes seen both ways; 2,000
 //! opens in another process; forged token, put and stale handles through the broker; the
 //! exporter gone before open (error) and after open (the view stays valid).
+//!
+//! On the backend under test (`HETMEM_BACKEND`), children included (they inherit it). Device
+//! memory is read and written through the `dev_*` helpers. On cuda the fd transport (an fd
+//! received with `SCM_RIGHTS` written over bytes 0..4) does not apply: a CUDA shareable fd
+//! carries no identity the importer could check, so cuda handles travel as bytes, their fds
+//! through the exporter's broker only.
 
 mod common;
 
@@ -21,7 +27,7 @@ use hetmem::{Context, IpcHandle};
 /// The child: one of the cases below, selected by `HETMEM_CHILD_CASE`.
 #[test]
 fn child_case_runner() {
-    if common::not_yet_parametric() {
+    if common::skip() {
         return;
     }
     let Some(case) = child_case() else {
@@ -29,7 +35,7 @@ fn child_case_runner() {
     };
     // `PIECES`: the child driver's range-piece limit.
     let rt = match env("PIECES").parse::<usize>() {
-        Ok(n) => hetmem::Runtime::builder()
+        Ok(n) => common::builder()
             .host_devices(1)
             .host_device_memory(256 << 20)
             .ipc_max_range_pieces(n)
@@ -163,11 +169,19 @@ fn child_import(ctx: &Context) {
     let p = ctx.open_ipc_handle(&h, 0).unwrap();
     let size = h.size().unwrap();
     assert_eq!(ctx.get_address_range(p).unwrap(), (p, size));
-    assert_eq!(check(p, size, seed), None, "exporter's pattern");
-    fill(p, size, seed + 1);
+    // The bytes the exporter wrote: its view's size, which is the handle's except for an
+    // allocation smaller than a page on cuda (the handle's view is the page-rounded span).
+    let used: usize = env("SIZE").parse().unwrap();
+    assert!(used <= size);
+    assert_eq!(dev_check(ctx, p, used, seed), None, "exporter's pattern");
+    dev_fill(ctx, p, used, seed + 1);
     println!("@written");
     assert_eq!(read_stdin_line(), "check");
-    assert_eq!(check(p, size, seed + 2), None, "exporter's second pattern");
+    assert_eq!(
+        dev_check(ctx, p, used, seed + 2),
+        None,
+        "exporter's second pattern"
+    );
     ctx.close_ipc_handle(p).unwrap();
     drop(received);
     println!("@ok");
@@ -176,8 +190,13 @@ fn child_import(ctx: &Context) {
 /// Exports `e`, hands it to a child over `transport` ("fd" or "bytes"), and checks that writes
 /// go both ways.
 fn share_both_ways(ctx: &Context, e: &common::Exported, h: IpcHandle, transport: &str) {
+    assert!(
+        transport == "bytes" || fd_transport_applies(),
+        "the fd transport on {}",
+        backend().name()
+    );
     let seed = 1000u64;
-    fill(e.ptr, e.size, seed);
+    dev_fill(ctx, e.ptr, e.size, seed);
     let file = temp("handle");
     std::fs::write(&file, h.as_bytes()).unwrap();
     let sock = temp("sock");
@@ -195,6 +214,7 @@ fn share_both_ways(ctx: &Context, e: &common::Exported, h: IpcHandle, transport:
                 },
             ),
             ("SEED", seed.to_string()),
+            ("SIZE", e.size.to_string()),
         ],
     );
     if let Some(l) = &listener {
@@ -205,11 +225,11 @@ fn share_both_ways(ctx: &Context, e: &common::Exported, h: IpcHandle, transport:
     }
     assert_eq!(child.line(), "written");
     assert_eq!(
-        check(e.ptr, e.size, seed + 1),
+        dev_check(ctx, e.ptr, e.size, seed + 1),
         None,
         "importer's writes seen by the exporter"
     );
-    fill(e.ptr, e.size, seed + 2);
+    dev_fill(ctx, e.ptr, e.size, seed + 2);
     child.say("check");
     assert_eq!(child.line(), "ok");
     child.finish();
@@ -218,15 +238,34 @@ fn share_both_ways(ctx: &Context, e: &common::Exported, h: IpcHandle, transport:
     let _ = std::fs::remove_file(&sock);
 }
 
+/// Whether the fd transport applies (the host backend); elsewhere false after a loud line.
+fn fd_transport_applies() -> bool {
+    !common::part_not_applicable_on(
+        hetmem::BackendKind::Cuda,
+        "the fd transport (an fd received with SCM_RIGHTS written over bytes 0..4): a CUDA \
+         shareable fd carries no identity the importer could check, so cuda handles travel as \
+         the 64 bytes, their fds through the exporter's broker",
+    )
+}
+
+/// The transports of this backend: the fd one (where it applies) and the bytes alone.
+fn transports() -> Vec<&'static str> {
+    if fd_transport_applies() {
+        vec!["fd", "bytes"]
+    } else {
+        vec!["bytes"]
+    }
+}
+
 #[test]
 fn allocation_shared_both_ways_over_fd_and_bytes() {
-    if common::not_yet_parametric() {
+    if common::skip() {
         return;
     }
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
     let e = make_alloc(&ctx);
-    for t in ["fd", "bytes"] {
+    for t in transports() {
         let h = ctx.get_ipc_handle(e.ptr).unwrap();
         share_both_ways(&ctx, &e, h, t);
     }
@@ -235,7 +274,7 @@ fn allocation_shared_both_ways_over_fd_and_bytes() {
 
 #[test]
 fn physical_object_shared_both_ways_over_fd_and_bytes() {
-    if common::not_yet_parametric() {
+    if common::skip() {
         return;
     }
     let rt = runtime();
@@ -244,7 +283,7 @@ fn physical_object_shared_both_ways_over_fd_and_bytes() {
     let h = ctx
         .get_physical_memory_ipc_handle(e.objects[0], None)
         .unwrap();
-    share_both_ways(&ctx, &e, h, "fd");
+    share_both_ways(&ctx, &e, h, transports()[0]);
     // Through a mapped VA of the object.
     let h = ctx.get_ipc_handle(e.ptr + K64).unwrap();
     share_both_ways(&ctx, &e, h, "bytes");
@@ -253,13 +292,13 @@ fn physical_object_shared_both_ways_over_fd_and_bytes() {
 
 #[test]
 fn range_of_3_reservations_and_7_objects_shared_both_ways_over_fd_and_bytes() {
-    if common::not_yet_parametric() {
+    if common::skip() {
         return;
     }
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
     let (e, _) = make_range(&ctx);
-    for t in ["fd", "bytes"] {
+    for t in transports() {
         let props = hetmem::IpcProperties {
             range_size: Some(e.size),
             ..Default::default()
@@ -273,7 +312,7 @@ fn range_of_3_reservations_and_7_objects_shared_both_ways_over_fd_and_bytes() {
 
 #[test]
 fn two_thousand_opens_in_another_process_give_unique_pointers_and_no_fd_leak() {
-    if common::not_yet_parametric() {
+    if common::skip() {
         return;
     }
     let rt = runtime();
@@ -310,7 +349,7 @@ fn open_in_child(h: &IpcHandle) -> (u32, String) {
 
 #[test]
 fn an_importer_refuses_a_range_handle_of_more_pieces_than_its_driver_carries() {
-    if common::not_yet_parametric() {
+    if common::skip() {
         return;
     }
     let rt = runtime();
@@ -347,7 +386,7 @@ fn an_importer_refuses_a_range_handle_of_more_pieces_than_its_driver_carries() {
 
 #[test]
 fn forged_token_put_and_stale_handles_are_refused_by_the_broker() {
-    if common::not_yet_parametric() {
+    if common::skip() {
         return;
     }
     let rt = runtime();
@@ -383,12 +422,20 @@ fn forged_token_put_and_stale_handles_are_refused_by_the_broker() {
 
 #[test]
 fn exporter_gone_before_open_is_an_error_but_an_fd_received_before_still_opens() {
-    if common::not_yet_parametric() {
+    if common::skip() {
         return;
     }
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
-    let (c, fd, file) = spawn_exporter_sending_fd("export_and_exit");
+    let (c, fd, file) = if fd_transport_applies() {
+        let (c, fd, file) = spawn_exporter_sending_fd("export_and_exit");
+        (c, Some(fd), file)
+    } else {
+        let file = temp("handle");
+        let mut c = Proc::spawn("export_and_exit", &[("FILE", file.display().to_string())]);
+        assert_eq!(c.line(), "ready");
+        (c, None, file)
+    };
     c.finish();
     let h = read_handle(&file.display().to_string());
     // The 64 bytes alone: nobody serves them any more.
@@ -398,11 +445,13 @@ fn exporter_gone_before_open_is_an_error_but_an_fd_received_before_still_opens()
     assert_eq!(e.ze_result(), 0x7800_0004);
     assert!(e.message().contains("is gone"), "{e}");
     // The fd received while the exporter lived carries the memory itself.
-    let mut with_fd = h;
-    with_fd.set_fd(fd.as_raw_fd());
-    let p = ctx.open_ipc_handle(&with_fd, 0).unwrap();
-    assert_eq!(check(p, 1 << 20, EXPORTED_SEED), None);
-    ctx.close_ipc_handle(p).unwrap();
+    if let Some(fd) = fd {
+        let mut with_fd = h;
+        with_fd.set_fd(fd.as_raw_fd());
+        let p = ctx.open_ipc_handle(&with_fd, 0).unwrap();
+        assert_eq!(dev_check(&ctx, p, 1 << 20, EXPORTED_SEED), None);
+        ctx.close_ipc_handle(p).unwrap();
+    }
     let _ = std::fs::remove_file(&file);
 }
 
@@ -418,7 +467,7 @@ fn assert_exporter_gone(e: &hetmem::Error, pid: u32) {
 
 #[test]
 fn an_exporter_dying_after_accepting_the_request_is_the_exporter_gone_error() {
-    if common::not_yet_parametric() {
+    if common::skip() {
         return;
     }
     let rt = runtime();
@@ -450,7 +499,7 @@ fn an_exporter_dying_after_accepting_the_request_is_the_exporter_gone_error() {
 
 #[test]
 fn an_exporter_killed_at_random_moments_during_opens_is_always_the_exporter_gone_error() {
-    if common::not_yet_parametric() {
+    if common::skip() {
         return;
     }
     let rt = runtime();
@@ -512,7 +561,7 @@ fn an_exporter_killed_at_random_moments_during_opens_is_always_the_exporter_gone
 
 #[test]
 fn view_stays_valid_after_the_exporter_frees_and_exits() {
-    if common::not_yet_parametric() {
+    if common::skip() {
         return;
     }
     let rt = runtime();
@@ -527,9 +576,9 @@ fn view_stays_valid_after_the_exporter_frees_and_exits() {
     let p = ctx.open_ipc_handle(&h, 0).unwrap();
     c.say("exit");
     c.finish();
-    assert_eq!(check(p, 1 << 20, EXPORTED_SEED), None);
-    fill(p, 1 << 20, 5);
-    assert_eq!(check(p, 1 << 20, 5), None);
+    assert_eq!(dev_check(&ctx, p, 1 << 20, EXPORTED_SEED), None);
+    dev_fill(&ctx, p, 1 << 20, 5);
+    assert_eq!(dev_check(&ctx, p, 1 << 20, 5), None);
     ctx.close_ipc_handle(p).unwrap();
     let _ = std::fs::remove_file(&file);
 }

@@ -1,4 +1,5 @@
-//! Model-based property test of Level Zero virtual memory on the host backend.
+//! Model-based property test of Level Zero virtual memory on the backend under test
+//! (`HETMEM_BACKEND`).
 //!
 //! Random sequences of reserve / free / create / destroy / map / unmap / set-access /
 //! get-access / write / read run against hetmem and against a deliberately simple reference
@@ -14,13 +15,20 @@
 //!
 //! NONE and unmapped pages are never touched through a pointer; their protection is probed with
 //! `process_vm_readv` / `process_vm_writev`, which fail with `EFAULT` instead of faulting.
+//!
+//! On cuda: the page rule is the driver's granularity (2 MiB for every size, so the base page is
+//! 2 MiB), the device's capacity is the GPU's (which these sizes never fill), bytes are written
+//! and read through the runtime's own copies (`dev_put` / `dev_bytes`: device memory is not
+//! host-accessible), only written bytes are compared (fresh memory is not zero-filled there, and
+//! the spec does not ask it), and the kernel protection probes do not apply (the driver maps
+//! device memory in the GPU's address space). Fewer cases run, since every access is a copy.
 
 // `usize::is_multiple_of` is stable from Rust 1.87; the workspace's rust-version is 1.85.
 #![allow(clippy::manual_is_multiple_of)]
 
 mod common;
 
-use common::runtime_with_max_alloc;
+use common::{dev_bytes, dev_put, on_host, runtime_with_max_alloc};
 
 use common::ze::{
     HANDLE_OBJECT_IN_USE, INVALID_ARGUMENT, INVALID_NULL_HANDLE, INVALID_NULL_POINTER,
@@ -38,24 +46,45 @@ use proptest::prelude::*;
 use proptest::test_runner::Config;
 
 /// The base page: the model's page-size rule below 2 MiB (checked against the query at start).
-const BASE: usize = 64 << 10;
+/// 64 KiB on the host backend; on cuda the driver's granularity, 2 MiB for every size.
+fn base_page() -> usize {
+    if on_host() {
+        64 << 10
+    } else {
+        2 << 20
+    }
+}
 /// The page size from 2 MiB up (checked against the query at start).
-const HUGE: usize = 2 << 20;
-/// A small device, so that creates run out of capacity.
+fn huge_page() -> usize {
+    2 << 20
+}
+/// A small host device, so that creates run out of capacity (on cuda the model's capacity is
+/// the GPU's, which these sizes never fill).
 const CAPACITY: u64 = 4 << 20;
 /// An OS page: used only to make values that are not base-page aligned.
 const SMALL: usize = 4096;
-/// Sizes that are 0 or not a multiple of the page size for that size.
-const BAD_SIZES: [usize; 5] = [0, SMALL, BASE + SMALL, HUGE + BASE, 3 * HUGE / 2];
+/// Sizes that are 0 or, on the host backend, not a multiple of the page size for that size (on
+/// cuda `huge_page() + base_page()` is a good size; the model decides either way).
+fn bad_sizes() -> [usize; 5] {
+    [
+        0,
+        SMALL,
+        base_page() + SMALL,
+        huge_page() + base_page(),
+        3 * huge_page() / 2,
+    ]
+}
 /// An address inside no reservation (below any mmap placement).
-const NOWHERE: usize = 16 * BASE;
+fn nowhere() -> usize {
+    16 * base_page()
+}
 
 /// The model's page-size rule.
 fn page_size(size: usize) -> usize {
-    if size < HUGE {
-        BASE
+    if size < huge_page() {
+        base_page()
     } else {
-        HUGE
+        huge_page()
     }
 }
 
@@ -63,7 +92,7 @@ fn page_size(size: usize) -> usize {
 // Operations
 // ---------------------------------------------------------------------------------------------
 
-/// A size: 1-8 base pages, 2 MiB multiples, or one of [`BAD_SIZES`].
+/// A size: 1-8 base pages, 2 MiB multiples, or one of [`bad_sizes()`].
 #[derive(Debug, Clone, Copy)]
 enum Size {
     Pages(usize),
@@ -74,9 +103,9 @@ enum Size {
 impl Size {
     fn bytes(self) -> usize {
         match self {
-            Size::Pages(n) => n * BASE,
-            Size::Huge(n) => n * HUGE,
-            Size::Bad(i) => BAD_SIZES[i],
+            Size::Pages(n) => n * base_page(),
+            Size::Huge(n) => n * huge_page(),
+            Size::Bad(i) => bad_sizes()[i],
         }
     }
 }
@@ -229,7 +258,7 @@ fn size_strategy(max_huge: usize) -> impl Strategy<Value = Size> {
     prop_oneof![
         6 => (1usize..=8).prop_map(Size::Pages),
         2 => (1usize..=max_huge).prop_map(Size::Huge),
-        1 => (0usize..BAD_SIZES.len()).prop_map(Size::Bad),
+        1 => (0usize..bad_sizes().len()).prop_map(Size::Bad),
     ]
 }
 
@@ -347,9 +376,9 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => range_strategy().prop_map(Op::Unmap),
         2 => (range_strategy(), access_value()).prop_map(|(r, a)| Op::SetAccess(r, a)),
         1 => range_strategy().prop_map(Op::GetAccess),
-        3 => (sel(), 0usize..BASE, 1usize..=64, any::<u64>())
+        3 => (sel(), 0usize..base_page(), 1usize..=64, any::<u64>())
             .prop_map(|(page, off, len, seed)| Op::Write { page, off, len, seed }),
-        3 => (sel(), 0usize..BASE, 1usize..=64).prop_map(|(page, off, len)| Op::Read { page, off, len }),
+        3 => (sel(), 0usize..base_page(), 1usize..=64).prop_map(|(page, off, len)| Op::Read { page, off, len }),
     ]
 }
 
@@ -381,6 +410,8 @@ struct Model {
     physical: BTreeMap<u64, PhysModel>,
     device_used: u64,
     host_used: u64,
+    /// The device's capacity (the host backend's [`CAPACITY`]; on cuda the GPU's).
+    capacity: u64,
 }
 
 impl Model {
@@ -405,7 +436,7 @@ impl Model {
         let a = self.access_at(ptr);
         let mut len = 0;
         while len < size && self.access_at(ptr + len) == a {
-            len += BASE;
+            len += base_page();
         }
         (a, len.min(size))
     }
@@ -418,10 +449,10 @@ impl Model {
         if size == 0 {
             return Err(UNSUPPORTED_SIZE);
         }
-        if ptr % BASE != 0 {
+        if ptr % base_page() != 0 {
             return Err(UNSUPPORTED_ALIGNMENT);
         }
-        if size % BASE != 0 {
+        if size % base_page() != 0 {
             return Err(UNSUPPORTED_SIZE);
         }
         if !self.inside_one_reservation(ptr, size) {
@@ -468,7 +499,7 @@ impl Model {
         if size % page_size(size) != 0 {
             return Err(UNSUPPORTED_SIZE);
         }
-        if at == Where::Device && self.device_used + size as u64 > CAPACITY {
+        if at == Where::Device && self.device_used + size as u64 > self.capacity {
             return Err(OUT_OF_DEVICE_MEMORY);
         }
         Ok(())
@@ -481,7 +512,7 @@ impl Model {
         } else {
             self.device_used += size as u64;
         }
-        let contents = vec![BTreeMap::new(); size / BASE];
+        let contents = vec![BTreeMap::new(); size / base_page()];
         self.physical.insert(
             id,
             PhysModel {
@@ -541,12 +572,12 @@ impl Model {
     }
 
     fn apply_map(&mut self, ptr: usize, size: usize, phys: u64, offset: usize, a: AccessAttribute) {
-        for i in 0..size / BASE {
+        for i in 0..size / base_page() {
             self.pages.insert(
-                ptr + i * BASE,
+                ptr + i * base_page(),
                 PageModel {
                     phys,
-                    index: offset / BASE + i,
+                    index: offset / base_page() + i,
                     access: a,
                 },
             );
@@ -555,15 +586,15 @@ impl Model {
 
     fn unmap(&self, ptr: usize, size: usize) -> Result<(), u32> {
         self.check_base_range(ptr, size)?;
-        if (0..size / BASE).any(|i| !self.pages.contains_key(&(ptr + i * BASE))) {
+        if (0..size / base_page()).any(|i| !self.pages.contains_key(&(ptr + i * base_page()))) {
             return Err(INVALID_ARGUMENT);
         }
         Ok(())
     }
 
     fn apply_unmap(&mut self, ptr: usize, size: usize) {
-        for i in 0..size / BASE {
-            self.pages.remove(&(ptr + i * BASE));
+        for i in 0..size / base_page() {
+            self.pages.remove(&(ptr + i * base_page()));
         }
     }
 
@@ -618,6 +649,9 @@ fn agree<T: std::fmt::Debug>(step: usize, op: &Op, got: &Result<T, Error>, want:
 /// Whether `process_vm_readv` / `process_vm_writev` work on this process (a seccomp profile may
 /// forbid them); without them, the probes are skipped.
 fn probes_available() -> bool {
+    if !common::kernel_maps_apply() {
+        return false;
+    }
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     *AVAILABLE.get_or_init(|| {
         let src = [7u8; 8];
@@ -705,27 +739,33 @@ impl Harness {
     fn new() -> Harness {
         let rt = runtime_with_max_alloc(1, CAPACITY, CAPACITY);
         let dev = rt.driver().device(0).expect("device 0");
+        let capacity = dev.info().capacity;
+        if on_host() {
+            assert_eq!(capacity, CAPACITY);
+        }
         let ctx = rt.driver().create_context().expect("context");
         // The model's page-size rule is the query's answer.
-        assert_eq!(ctx.query_page_size(&dev, 1), Ok(BASE));
-        assert_eq!(ctx.query_page_size(&dev, HUGE - 1), Ok(BASE));
-        assert_eq!(ctx.query_page_size(&dev, HUGE), Ok(HUGE));
+        assert_eq!(ctx.query_page_size(&dev, 1), Ok(base_page()));
+        assert_eq!(ctx.query_page_size(&dev, huge_page() - 1), Ok(base_page()));
+        assert_eq!(ctx.query_page_size(&dev, huge_page()), Ok(huge_page()));
         let other = rt.driver().create_context().expect("context");
-        let foreign_res = other.reserve(None, 4 * BASE).expect("foreign reserve");
+        let foreign_res = other
+            .reserve(None, 4 * base_page())
+            .expect("foreign reserve");
         let foreign_phys = other
-            .create_physical_memory(None, PhysicalMemoryFlags::AllocateOnHost, 2 * BASE)
+            .create_physical_memory(None, PhysicalMemoryFlags::AllocateOnHost, 2 * base_page())
             .expect("foreign physical");
         other
             .map(
                 foreign_res.base,
-                2 * BASE,
+                2 * base_page(),
                 foreign_phys,
                 0,
                 AccessAttribute::ReadWrite,
             )
             .expect("foreign map");
-        // SAFETY: the first page was just mapped READWRITE.
-        unsafe { foreign_res.as_ptr().add(100).write_volatile(0xa5) };
+        // The first page was just mapped READWRITE.
+        dev_put(&other, foreign_res.base + 100, &[0xa5]);
         Harness {
             rt,
             dev,
@@ -733,7 +773,10 @@ impl Harness {
             other,
             foreign_res,
             foreign_phys,
-            model: Model::default(),
+            model: Model {
+                capacity,
+                ..Model::default()
+            },
             live: BTreeMap::new(),
             dead: Vec::new(),
             freed: Vec::new(),
@@ -756,7 +799,7 @@ impl Harness {
     fn phys(&self, sel: PhysSel) -> PhysicalMemory {
         let forged = PhysicalMemory {
             id: u64::MAX / 2,
-            size: BASE,
+            size: base_page(),
         };
         match sel {
             PhysSel::Live(i) if !self.live.is_empty() => *self
@@ -783,19 +826,19 @@ impl Harness {
                     .nth(r.start % n_mapped)
                     .expect("in range");
                 let run = (0..)
-                    .take_while(|k| self.model.pages.contains_key(&(at + k * BASE)))
+                    .take_while(|k| self.model.pages.contains_key(&(at + k * base_page())))
                     .count();
                 pages = 1 + (r.pages - 1) % run;
                 at
             }
             Target::Own(sel) => match self.own_reservation(sel) {
-                Some((base, size)) => base + (r.start % (size / BASE + 1)) * BASE,
-                None => NOWHERE,
+                Some((base, size)) => base + (r.start % (size / base_page() + 1)) * base_page(),
+                None => nowhere(),
             },
-            Target::Foreign => self.foreign_res.base + (r.start % 4) * BASE,
-            Target::Nowhere => NOWHERE,
+            Target::Foreign => self.foreign_res.base + (r.start % 4) * base_page(),
+            Target::Nowhere => nowhere(),
         };
-        let size = pages * BASE;
+        let size = pages * base_page();
         match r.flaw {
             Flaw::None => (ptr, size),
             Flaw::NullPtr => (0, size),
@@ -837,18 +880,20 @@ impl Harness {
                 }
             }
             Op::Free { sel, how } => {
-                let own = self.own_reservation(sel).unwrap_or((NOWHERE, BASE));
+                let own = self
+                    .own_reservation(sel)
+                    .unwrap_or((nowhere(), base_page()));
                 let (ptr, size) = match how {
                     FreeHow::Exact => own,
-                    FreeHow::Larger => (own.0, own.1 + BASE),
-                    FreeHow::Smaller if own.1 > BASE => (own.0, own.1 - BASE),
-                    FreeHow::Smaller => (own.0, own.1 + HUGE),
-                    FreeHow::Interior => (own.0 + BASE, own.1),
+                    FreeHow::Larger => (own.0, own.1 + base_page()),
+                    FreeHow::Smaller if own.1 > base_page() => (own.0, own.1 - base_page()),
+                    FreeHow::Smaller => (own.0, own.1 + huge_page()),
+                    FreeHow::Interior => (own.0 + base_page(), own.1),
                     FreeHow::Null => (0, own.1),
                     FreeHow::Zero => (own.0, 0),
                     FreeHow::Foreign => (self.foreign_res.base, self.foreign_res.size),
                     FreeHow::Stale if !self.freed.is_empty() => self.freed[sel % self.freed.len()],
-                    FreeHow::Stale => (NOWHERE, BASE),
+                    FreeHow::Stale => (nowhere(), base_page()),
                 };
                 let want = self.model.free(ptr, size);
                 let got = self.ctx.free(ptr, size);
@@ -906,7 +951,7 @@ impl Harness {
             Op::Map(m) => {
                 let mut phys = self.phys(m.phys);
                 let mut size = m.size.bytes();
-                let mut offset = m.offset_pages * BASE;
+                let mut offset = m.offset_pages * base_page();
                 let mut access = attr(m.access);
                 // Ends (Append) or starts (Prepend) of mapped runs that can grow.
                 let grow: Vec<(usize, PageModel)> = match m.mode {
@@ -914,7 +959,7 @@ impl Harness {
                         .model
                         .pages
                         .iter()
-                        .filter(|(&a, _)| !self.model.pages.contains_key(&(a + BASE)))
+                        .filter(|(&a, _)| !self.model.pages.contains_key(&(a + base_page())))
                         .map(|(&a, &pm)| (a, pm))
                         .collect(),
                     MapMode::Prepend => self
@@ -922,7 +967,7 @@ impl Harness {
                         .pages
                         .iter()
                         .filter(|(&a, pm)| {
-                            pm.index > 0 && !self.model.pages.contains_key(&(a - BASE))
+                            pm.index > 0 && !self.model.pages.contains_key(&(a - base_page()))
                         })
                         .map(|(&a, &pm)| (a, pm))
                         .collect(),
@@ -935,42 +980,43 @@ impl Harness {
                         access = pm.access;
                         let n = 1 + m.offset_pages % 2;
                         if matches!(m.mode, MapMode::Append) {
-                            size = n * BASE;
-                            offset = (pm.index + 1) * BASE;
-                            at + BASE
+                            size = n * base_page();
+                            offset = (pm.index + 1) * base_page();
+                            at + base_page()
                         } else {
                             let n = n.min(pm.index);
-                            size = n * BASE;
-                            offset = (pm.index - n) * BASE;
+                            size = n * base_page();
+                            offset = (pm.index - n) * base_page();
                             at - size
                         }
                     }
                     Target::Own(sel) => match self.own_reservation(sel) {
                         Some((b, s)) if matches!(m.mode, MapMode::Fit) => {
                             // A small map inside both the reservation and the object.
-                            let (res_pages, phys_pages) = (s / BASE, phys.size / BASE);
+                            let (res_pages, phys_pages) =
+                                (s / base_page(), phys.size / base_page());
                             let start = m.start % res_pages;
                             let off = m.offset_pages % phys_pages;
                             let most = (res_pages - start)
                                 .min(phys_pages - off)
-                                .min(HUGE / BASE - 1);
-                            size = (1 + m.start % most) * BASE;
-                            offset = off * BASE;
-                            b + start * BASE
+                                .min((huge_page() / base_page() - 1).max(1));
+                            size = (1 + m.start % most) * base_page();
+                            offset = off * base_page();
+                            b + start * base_page()
                         }
                         Some((b, s)) => {
-                            let ptr = b + (m.start % (s / BASE + 1)) * BASE;
+                            let ptr = b + (m.start % (s / base_page() + 1)) * base_page();
                             if m.align_huge {
-                                offset &= !(HUGE - 1);
-                                ptr & !(HUGE - 1)
+                                offset &= !(huge_page() - 1);
+                                ptr & !(huge_page() - 1)
                             } else {
                                 ptr
                             }
                         }
-                        None => NOWHERE,
+                        None => nowhere(),
                     },
-                    Target::Foreign => self.foreign_res.base + (m.start % 4) * BASE,
-                    Target::Nowhere => NOWHERE,
+                    Target::Foreign => self.foreign_res.base + (m.start % 4) * base_page(),
+                    Target::Nowhere => nowhere(),
                 };
                 match m.flaw {
                     MapFlaw::None => {}
@@ -1024,13 +1070,11 @@ impl Harness {
                     return;
                 }
                 let addr = rw[page % rw.len()];
-                let off = off.min(BASE - len);
+                let off = off.min(base_page() - len);
                 self.assert_page_access(i, op, addr, AccessAttribute::ReadWrite);
                 let data = pattern(seed, len);
-                // SAFETY: the page is mapped READWRITE (model, library and kernel agree).
-                unsafe {
-                    std::ptr::copy_nonoverlapping(data.as_ptr(), (addr + off) as *mut u8, len)
-                };
+                // The page is mapped READWRITE (model, library and kernel agree).
+                dev_put(&self.ctx, addr + off, &data);
                 let pm = self.model.pages[&addr];
                 let c = &mut self
                     .model
@@ -1048,16 +1092,29 @@ impl Harness {
                     return;
                 }
                 let addr = readable[page % readable.len()];
-                let off = off.min(BASE - len);
+                let off = off.min(base_page() - len);
                 let access = self.model.pages[&addr].access;
                 self.assert_page_access(i, op, addr, access);
-                let mut got = vec![0u8; len];
-                // SAFETY: the page is mapped readable (model, library and kernel agree).
-                unsafe {
-                    std::ptr::copy_nonoverlapping((addr + off) as *const u8, got.as_mut_ptr(), len)
-                };
+                // The page is mapped readable (model, library and kernel agree).
+                let got = dev_bytes(&self.ctx, addr + off, len);
                 let want = self.model.expected_bytes(addr, off, len);
-                assert_eq!(got, want, "step {i}: {op:?}: bytes at {:#x}", addr + off);
+                if on_host() {
+                    assert_eq!(got, want, "step {i}: {op:?}: bytes at {:#x}", addr + off);
+                } else {
+                    // Only the written bytes: fresh memory is not zero-filled on cuda.
+                    let pm = self.model.pages[&addr];
+                    let c = &self.model.physical[&pm.phys].contents[pm.index];
+                    for k in 0..len {
+                        if c.contains_key(&(off + k)) {
+                            assert_eq!(
+                                got[k],
+                                want[k],
+                                "step {i}: {op:?}: byte at {:#x}",
+                                addr + off + k
+                            );
+                        }
+                    }
+                }
             }
         }
     }
@@ -1066,8 +1123,8 @@ impl Harness {
     /// model on its access (so a disagreement fails the test instead of faulting).
     fn assert_page_access(&self, i: usize, op: &Op, addr: usize, want: AccessAttribute) {
         assert_eq!(
-            self.ctx.get_access_attribute(addr, BASE),
-            Ok((want, BASE)),
+            self.ctx.get_access_attribute(addr, base_page()),
+            Ok((want, base_page())),
             "step {i}: {op:?}: page {addr:#x}"
         );
         if probes_available() {
@@ -1100,7 +1157,7 @@ impl Harness {
             }
         }
         let s = self.rt.driver().vm_stats();
-        let mapped: usize = self.model.pages.len() * BASE;
+        let mapped: usize = self.model.pages.len() * base_page();
         let reserved: usize = self.model.reservations.values().sum();
         assert_eq!(
             (
@@ -1114,7 +1171,7 @@ impl Harness {
                 self.model.reservations.len() + 1,
                 reserved + self.foreign_res.size,
                 self.model.physical.len() + 1,
-                mapped + 2 * BASE,
+                mapped + 2 * base_page(),
                 self.model.host_used + self.foreign_phys.size as u64,
             ),
             "after step {i} ({op:?}): vm_stats (reservations, reserved bytes, physical objects, \
@@ -1137,6 +1194,22 @@ impl Harness {
                 );
             }
             let c = &self.model.physical[&pm.phys].contents[pm.index];
+            if !on_host() {
+                // Every written byte, in one copy up to the last (fresh memory is not
+                // zero-filled on cuda).
+                if let Some((&last, _)) = c.last_key_value() {
+                    let got = dev_bytes(&self.ctx, addr, last + 1);
+                    for (&off, &want) in c {
+                        assert_eq!(
+                            got[off],
+                            want,
+                            "after step {i} ({op:?}): byte at {:#x}",
+                            addr + off
+                        );
+                    }
+                }
+                continue;
+            }
             // Byte 0 (zero unless written) and every written byte.
             for off in std::iter::once(0).chain(c.keys().copied()) {
                 let want = c.get(&off).copied().unwrap_or(0);
@@ -1156,7 +1229,7 @@ impl Harness {
     fn finish(self) {
         if probes_available() {
             for (&base, &size) in &self.model.reservations {
-                for addr in (base..base + size).step_by(BASE) {
+                for addr in (base..base + size).step_by(base_page()) {
                     let a = self.model.access_at(addr);
                     let expect = (a != AccessAttribute::None, a == AccessAttribute::ReadWrite);
                     assert_eq!(
@@ -1171,12 +1244,12 @@ impl Harness {
         assert_eq!(
             self.other
                 .get_access_attribute(self.foreign_res.base, self.foreign_res.size),
-            Ok((AccessAttribute::ReadWrite, 2 * BASE))
+            Ok((AccessAttribute::ReadWrite, 2 * base_page()))
         );
-        // SAFETY: mapped READWRITE in `other` since set-up; nothing of `ctx` may change that.
+        // Mapped READWRITE in `other` since set-up; nothing of `ctx` may change that.
         assert_eq!(
-            unsafe { self.foreign_res.as_ptr().add(100).read_volatile() },
-            0xa5
+            dev_bytes(&self.other, self.foreign_res.base + 100, 1),
+            [0xa5]
         );
         let Harness { rt, ctx, other, .. } = self;
         drop(ctx);
@@ -1188,7 +1261,7 @@ impl Harness {
                 s.mapped_bytes,
                 s.devices[0].used
             ),
-            (1, 1, 2 * BASE, 0),
+            (1, 1, 2 * base_page(), 0),
             "dropping the context releases everything it made"
         );
         drop(other);
@@ -1216,7 +1289,7 @@ fn run_sequence(ops: &[Op]) {
 
 proptest! {
     #![proptest_config(Config {
-        cases: 1024,
+        cases: cases(),
         failure_persistence: None,
         ..Config::default()
     })]
@@ -1227,10 +1300,19 @@ proptest! {
     fn random_sequences_agree_with_the_reference_model(
         ops in prop::collection::vec(op_strategy(), 1..60)
     ) {
-        if common::not_yet_parametric() {
+        if common::skip() {
             return Ok(());
         }
         run_sequence(&ops);
+    }
+}
+
+/// 1024 cases on the host backend; 64 on cuda, where every access is a device copy.
+fn cases() -> u32 {
+    if on_host() {
+        1024
+    } else {
+        64
     }
 }
 
@@ -1238,10 +1320,10 @@ proptest! {
 /// is reserved again by hint (a free range, so the hint is honoured).
 fn adjacent_pair(ctx: &Context) -> (Reservation, Reservation) {
     for _ in 0..10 {
-        let r = ctx.reserve(None, 2 * BASE).expect("reserve");
+        let r = ctx.reserve(None, 2 * base_page()).expect("reserve");
         ctx.free_reservation(r).expect("free");
-        let a = ctx.reserve(Some(r.base), BASE).expect("reserve");
-        let b = ctx.reserve(Some(a.end()), BASE).expect("reserve");
+        let a = ctx.reserve(Some(r.base), base_page()).expect("reserve");
+        let b = ctx.reserve(Some(a.end()), base_page()).expect("reserve");
         if a.end() == b.base {
             return (a, b);
         }
@@ -1256,7 +1338,7 @@ fn adjacent_pair(ctx: &Context) -> (Reservation, Reservation) {
 /// reservation unmapped the whole run, so the upper reservation lost its mapping.
 #[test]
 fn regression_free_keeps_a_run_coalesced_into_the_adjacent_reservation() {
-    if common::not_yet_parametric() {
+    if common::skip() {
         return;
     }
     let h = Harness::new();
@@ -1266,28 +1348,37 @@ fn regression_free_keeps_a_run_coalesced_into_the_adjacent_reservation() {
         .create_physical_memory(
             Some(&h.dev),
             PhysicalMemoryFlags::AllocateOnDevice,
-            2 * BASE,
+            2 * base_page(),
         )
         .expect("create");
     // Object pages 0 and 1 at A's last page and B's first page: one contiguous run.
-    ctx.map(b.base, BASE, p, BASE, AccessAttribute::ReadWrite)
-        .expect("map b");
-    ctx.map(a.base, BASE, p, 0, AccessAttribute::ReadWrite)
+    ctx.map(
+        b.base,
+        base_page(),
+        p,
+        base_page(),
+        AccessAttribute::ReadWrite,
+    )
+    .expect("map b");
+    ctx.map(a.base, base_page(), p, 0, AccessAttribute::ReadWrite)
         .expect("map a");
-    // SAFETY: mapped READWRITE just above.
-    unsafe { b.as_ptr().add(7).write_volatile(0x5a) };
+    // Mapped READWRITE just above.
+    dev_put(ctx, b.base + 7, &[0x5a]);
     ctx.free_reservation(a).expect("free a");
     assert_eq!(
-        ctx.get_access_attribute(b.base, BASE),
-        Ok((AccessAttribute::ReadWrite, BASE)),
+        ctx.get_access_attribute(b.base, base_page()),
+        Ok((AccessAttribute::ReadWrite, base_page())),
         "B's page is still mapped"
     );
-    assert_eq!(h.rt.driver().vm_stats().mapped_bytes, BASE + 2 * BASE);
+    assert_eq!(
+        h.rt.driver().vm_stats().mapped_bytes,
+        base_page() + 2 * base_page()
+    );
     if probes_available() {
         assert_eq!(probe(b.base), (true, true), "kernel protection of B's page");
     }
-    // SAFETY: the library and the kernel agree that the page is mapped READWRITE.
-    assert_eq!(unsafe { b.as_ptr().add(7).read_volatile() }, 0x5a);
+    // The library and the kernel agree that the page is mapped READWRITE.
+    assert_eq!(dev_bytes(ctx, b.base + 7, 1), [0x5a]);
     assert_eq!(
         ctx.destroy_physical_memory(p).map_err(|e| e.ze_result()),
         Err(HANDLE_OBJECT_IN_USE),
