@@ -144,6 +144,7 @@ impl Context {
                 span,
                 parts,
                 pieces,
+                1,
                 capacity,
             );
         }
@@ -211,6 +212,7 @@ impl Context {
             size,
             parts,
             pieces,
+            1,
             capacity,
         )
     }
@@ -283,6 +285,7 @@ impl Context {
             ))
         })?;
         let limit = d.ipc_max_range_pieces;
+        let run_count = runs.len();
         if runs.len() > limit {
             return Err(Error::UnsupportedSize(format!(
                 "IPC range [{}, {}) has {} mapped pieces; a range handle carries at most {limit}",
@@ -346,15 +349,6 @@ impl Context {
             ));
         }
         drop(vm);
-        if pieces.len() > limit {
-            return Err(Error::UnsupportedSize(format!(
-                "IPC range [{}, {}) is {} pieces of the backend's shareable memory; a range \
-                 handle carries at most {limit}",
-                Addr(ptr),
-                Addr(end),
-                pieces.len()
-            )));
-        }
         // Only the parts a piece names travel; the others are closed here.
         let mut used = vec![false; parts.len()];
         for p in &pieces {
@@ -380,6 +374,7 @@ impl Context {
             size,
             kept,
             pieces,
+            run_count,
             capacity,
         )
     }

@@ -566,7 +566,9 @@ pub(crate) fn fresh_export_id(live: &BTreeMap<u32, ExportRec>) -> u32 {
 }
 
 /// Registers an export of `context` of driver `driver` (its `DriverShared` address) and makes
-/// its handle.
+/// its handle. A range handle claims `runs` pieces (the mapped runs of the range, the count
+/// [`crate::Driver::ipc_max_range_pieces`] limits, the same on every backend); `pieces` may cut
+/// them further at the backend's part boundaries.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn register(
     backend: &dyn Backend,
@@ -577,6 +579,7 @@ pub(crate) fn register(
     size: usize,
     parts: Vec<SharedPart>,
     pieces: Vec<Piece>,
+    runs: usize,
     capacity: Vec<Arc<Charge>>,
 ) -> Result<IpcHandle> {
     let nonce = start_broker(backend)?;
@@ -611,7 +614,7 @@ pub(crate) fn register(
         size: size as u64,
         ino,
         dev,
-        pieces: pieces.len() as u32,
+        pieces: runs as u32,
     };
     ex.insert(
         id,
@@ -718,13 +721,15 @@ pub(crate) fn material(
             h.pieces
         )));
     }
-    // The answer is bounded by what the handle claims (a refusal's message by 4 KiB): a range
-    // by its pieces, an allocation or physical object by one part per page of its size.
+    // The answer is bounded by what the handle claims (a refusal's message by 4 KiB): at most
+    // one piece (and one part) per page of the view, and for a range at least its runs (the
+    // exporter's backend may cut runs at its parts' boundaries: one per granule on a GPU).
+    let page = mapping_granularity(backend) as u64;
+    let per_page = h.size.div_ceil(page) as usize;
     let pieces = if h.kind == IpcHandleKind::Range {
-        (h.pieces as usize).max(1)
+        per_page.max(h.pieces as usize).max(1)
     } else {
-        let page = mapping_granularity(backend) as u64;
-        (h.size.div_ceil(page) as usize).clamp(1, max_pieces)
+        per_page.clamp(1, max_pieces)
     };
     let reply = backend
         .broker_request(
@@ -762,12 +767,14 @@ pub(crate) fn material(
     let (size, sizes, pieces) = deserialize(&reply.payload).ok_or_else(|| {
         Error::InvalidArgument(format!("malformed piece list from process {}", h.pid))
     })?;
+    // A range's runs may come cut into more pieces, never fewer (the tiling is checked by
+    // `validate`).
     let claimed = if h.kind == IpcHandleKind::Range {
         h.pieces as usize
     } else {
-        pieces.len()
+        1
     };
-    if size != h.size || pieces.len() != claimed || sizes.len() != reply.fds.len() {
+    if size != h.size || pieces.len() < claimed || sizes.len() != reply.fds.len() {
         return Err(Error::InvalidArgument(format!(
             "process {} described a view of {size:#x} bytes in {} pieces over {} parts and sent \
              {} fds, the handle says {:#x} bytes in {claimed}",

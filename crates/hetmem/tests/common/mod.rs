@@ -313,6 +313,22 @@ pub fn check(ptr: usize, size: usize, seed: u64) -> Option<usize> {
 // the host reaches on both backends (host USM, shared USM, managed memory, host physical
 // memory) may use the direct helpers above.
 
+/// `(offset, length)` pieces of `[at, at+n)` cut at the backend's page boundaries.
+fn page_chunks(ctx: &Context, at: usize, n: usize) -> Vec<(usize, usize)> {
+    let p = page(ctx);
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off < n {
+        let len = (p - (at + off) % p).min(n - off);
+        out.push((off, len));
+        off += len;
+    }
+    if out.is_empty() {
+        out.push((0, 0));
+    }
+    out
+}
+
 /// `n` bytes at `src` as the device sees them.
 pub fn dev_bytes(ctx: &Context, src: usize, n: usize) -> Vec<u8> {
     if on_host() {
@@ -324,8 +340,12 @@ pub fn dev_bytes(ctx: &Context, src: usize, n: usize) -> Vec<u8> {
         .expect("staging host USM");
     let dev = ctx.driver().device(0).expect("device 0");
     let list = ctx.create_immediate_command_list(&dev).expect("list");
-    list.append_memory_copy(host, src, n, None, &[])
-        .expect("copy from device memory");
+    // One copy per page: a copy operand lies in one reservation, and a range (an IPC range
+    // export, say) may span several adjacent ones.
+    for (off, len) in page_chunks(ctx, src, n) {
+        list.append_memory_copy(host + off, src + off, len, None, &[])
+            .expect("copy from device memory");
+    }
     list.host_synchronize(u64::MAX).expect("sync");
     // SAFETY: host USM memory of n bytes, written by the finished copy.
     let out = unsafe { std::slice::from_raw_parts(host as *const u8, n) }.to_vec();
@@ -348,8 +368,10 @@ pub fn dev_put(ctx: &Context, dst: usize, data: &[u8]) {
     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), host as *mut u8, n) };
     let dev = ctx.driver().device(0).expect("device 0");
     let list = ctx.create_immediate_command_list(&dev).expect("list");
-    list.append_memory_copy(dst, host, n, None, &[])
-        .expect("copy to device memory");
+    for (off, len) in page_chunks(ctx, dst, n) {
+        list.append_memory_copy(dst + off, host + off, len, None, &[])
+            .expect("copy to device memory");
+    }
     list.host_synchronize(u64::MAX).expect("sync");
     ctx.free_memory(host).expect("free staging");
 }
