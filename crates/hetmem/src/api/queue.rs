@@ -260,7 +260,7 @@ impl CommandQueue {
     /// (`zeCommandQueueSynchronize`); 0 only queries, `u64::MAX` waits forever. Returns
     /// `NotReady` if work is still running when the timeout expires.
     pub fn synchronize(&self, timeout_ns: u64) -> Result<SyncStatus> {
-        Ok(self.sub.synchronize(timeout_ns))
+        self.sub.synchronize(timeout_ns)
     }
 }
 
@@ -445,10 +445,10 @@ impl CommandList {
     /// (`zeCommandListHostSynchronize`); 0 only queries, `u64::MAX` waits forever. A regular
     /// list has nothing in flight of its own: `Ready`.
     pub fn host_synchronize(&self, timeout_ns: u64) -> Result<SyncStatus> {
-        Ok(match &self.kind {
+        match &self.kind {
             ListKind::Immediate(sub) => sub.synchronize(timeout_ns),
-            ListKind::Regular(_) => SyncStatus::Ready,
-        })
+            ListKind::Regular(_) => Ok(SyncStatus::Ready),
+        }
     }
 }
 

@@ -202,6 +202,14 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
     /// Every `Copy` / `Fill` range is live memory, readable (source) or writable (destination)
     /// from the host, and stays so until the operation has run.
     unsafe fn submit(&self, ops: Vec<EngineOp>);
+
+    /// The first failure of queued work since the last call, if any: work the engine could
+    /// not do after it was accepted (CUDA: an asynchronous call or the stream itself that
+    /// failed). The semantics layer reports it from the next synchronize, so no failed copy
+    /// passes for a finished one. Host: never (its copies cannot fail once checked).
+    fn take_error(&self) -> Option<HalError> {
+        None
+    }
 }
 
 /// The raw operations a platform provides. See the module docs for the contract.

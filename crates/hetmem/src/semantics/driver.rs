@@ -153,7 +153,10 @@ impl DriverShared {
                     .submit(vec![op, crate::backend::EngineOp::Signal(sync.clone())])
             };
             sync.wait_ns(u64::MAX);
-            Ok(())
+            match engine.as_ref().expect("made above").take_error() {
+                Some(e) => Err(e.into()),
+                None => Ok(()),
+            }
         };
         let r = run();
         release(&held);

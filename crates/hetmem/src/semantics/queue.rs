@@ -567,14 +567,23 @@ impl Submitter {
     }
 
     /// Waits for every batch submitted before the call.
-    pub(crate) fn synchronize(&self, timeout_ns: u64) -> SyncStatus {
+    ///
+    /// Errors: the first failure of queued work on the engine since the last synchronize
+    /// ([`Engine::take_error`]; `Unknown`, naming the failed call and "device lost" for a
+    /// sticky CUDA error),
+    /// reported once, after the wait.
+    pub(crate) fn synchronize(&self, timeout_ns: u64) -> Result<SyncStatus> {
         let target = self.progress.counts.lock().0;
-        SyncStatus::of(wait_until(
+        let status = SyncStatus::of(wait_until(
             &self.progress.counts,
             &self.progress.cv,
             timeout_ns,
             |c| c.1 >= target,
-        ))
+        ));
+        match self.engine.take_error() {
+            Some(e) => Err(e.into()),
+            None => Ok(status),
+        }
     }
 }
 
@@ -636,5 +645,48 @@ mod tests {
         inflight.wait_unreferenced(ia);
         assert!(!inflight.is_referenced_ref(InFlightRef::Usm(ia)));
         assert_eq!(q.synchronize(u64::MAX).unwrap(), SyncStatus::Ready);
+    }
+
+    /// An engine whose queued work failed (as a CUDA stream's asynchronous call can) makes the
+    /// next synchronize fail with that error, once: no failed copy passes for a finished one.
+    #[test]
+    fn a_failure_of_queued_work_is_reported_by_the_next_synchronize_once() {
+        #[derive(Debug)]
+        struct Failing(parking_lot::Mutex<Option<crate::backend::HalError>>);
+        impl Engine for Failing {
+            unsafe fn submit(&self, ops: Vec<EngineOp>) {
+                for op in ops {
+                    if let EngineOp::Host(f) = op {
+                        f();
+                    }
+                }
+                *self.0.lock() = Some(crate::backend::HalError::DeviceLost(
+                    "cuMemcpyAsync failed: CUDA_ERROR_ILLEGAL_ADDRESS (700)".into(),
+                ));
+            }
+            fn take_error(&self) -> Option<crate::backend::HalError> {
+                self.0.lock().take()
+            }
+        }
+        let rt = Runtime::builder()
+            .host_devices(1)
+            .host_device_memory(64 << 20)
+            .build()
+            .unwrap();
+        let sub = Submitter {
+            driver: rt.driver().shared.clone(),
+            progress: Arc::default(),
+            engine: Box::new(Failing(parking_lot::Mutex::new(None))),
+        };
+        assert_eq!(sub.synchronize(u64::MAX).unwrap(), SyncStatus::Ready);
+        sub.submit_host(Box::new(|| {}));
+        let e = sub.synchronize(u64::MAX).unwrap_err();
+        // The one conversion of backend errors (`error.rs`): a lost device is UNKNOWN, named.
+        assert_eq!(e.ze_result(), 0x7fff_fffe /* UNKNOWN */, "{e}");
+        assert!(
+            e.message().contains("device lost") && e.message().contains("ILLEGAL_ADDRESS"),
+            "{e}"
+        );
+        assert_eq!(sub.synchronize(u64::MAX).unwrap(), SyncStatus::Ready);
     }
 }

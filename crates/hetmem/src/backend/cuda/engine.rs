@@ -29,9 +29,13 @@ use super::driver::{self, CUcontext};
 use crate::backend::dispatch::{Closing, Dispatcher};
 use crate::backend::{Engine, EngineOp, HalError, Result};
 
-/// A CUDA stream and the thread that queues onto it.
+/// A CUDA stream and the thread that queues onto it, with the first failure of its work not
+/// yet reported ([`Engine::take_error`]).
 #[derive(Debug)]
-pub(crate) struct CudaEngine(Dispatcher);
+pub(crate) struct CudaEngine(Dispatcher, Fault);
+
+/// The first failure of an engine's asynchronous work since it was last taken.
+type Fault = Arc<parking_lot::Mutex<Option<HalError>>>;
 
 impl CudaEngine {
     /// Starts the dispatch thread for device `device` (its context from `contexts`, which the
@@ -39,6 +43,8 @@ impl CudaEngine {
     /// stream; fails if the stream cannot be created.
     pub(crate) fn new(device: u32, contexts: Arc<super::Contexts>) -> Result<CudaEngine> {
         let (ready_tx, ready_rx) = channel::<Result<()>>();
+        let fault = Fault::default();
+        let (f_run, f_done) = (fault.clone(), fault.clone());
         let dispatcher = Dispatcher::spawn(format!("hetmem-cuda{device}"), move |rx, closing| {
             let ctx = contexts.get(device);
             let stream = match driver::set_current(ctx).and_then(|()| stream_create()) {
@@ -52,7 +58,7 @@ impl CudaEngine {
             let completer = contexts.clone();
             let completion = std::thread::Builder::new()
                 .name(format!("hetmem-cuda{device}-done"))
-                .spawn(move || complete(completer.get(device), &completer, done_rx));
+                .spawn(move || complete(completer.get(device), &completer, done_rx, &f_done));
             let completion = match completion {
                 Ok(t) => t,
                 Err(e) => {
@@ -65,7 +71,7 @@ impl CudaEngine {
                 }
             };
             let _ = ready_tx.send(Ok(()));
-            run(stream, rx, closing, done_tx);
+            run(stream, rx, closing, done_tx, &f_run);
             let _ = completion.join();
         })?;
         // A failure to start is reported before anything is submitted; dropping the
@@ -73,7 +79,7 @@ impl CudaEngine {
         ready_rx
             .recv()
             .unwrap_or_else(|_| Err(HalError::Unexpected("the engine thread died".into())))?;
-        Ok(CudaEngine(dispatcher))
+        Ok(CudaEngine(dispatcher, fault))
     }
 }
 
@@ -89,11 +95,13 @@ fn stream_create() -> Result<sys::CUstream> {
     Ok(s)
 }
 
-/// Logs a failed asynchronous call: an engine has nobody to return it to (the work's
-/// completion is still reported through the `Host` operations that follow).
-fn report(what: &str, r: sys::CUresult) {
-    if r != sys::CUresult::CUDA_SUCCESS {
+/// Logs a failed asynchronous call and keeps the first one in `fault`, for the next
+/// synchronize to report ([`Engine::take_error`]); the work's completion is still signalled
+/// through the `Host` operations that follow, so nothing waits forever.
+fn report(fault: &Fault, what: &str, r: sys::CUresult) {
+    if let Err(e) = driver::check(what, r, false) {
         tracing::error!("{what} failed on a cuda engine: {}", driver::error_name(r));
+        fault.lock().get_or_insert(e);
     }
 }
 
@@ -111,7 +119,7 @@ unsafe impl Send for SendEvent {}
 /// `cuEventCreate(CU_EVENT_DISABLE_TIMING)` + `cuEventRecord(stream)`; `None` if the driver
 /// refuses (a lost context), after synchronising the stream so the work after it is still
 /// ordered.
-fn record(stream: sys::CUstream) -> Option<SendEvent> {
+fn record(fault: &Fault, stream: sys::CUstream) -> Option<SendEvent> {
     let mut e = std::ptr::null_mut();
     // SAFETY: valid out-pointer; flag 2 is CU_EVENT_DISABLE_TIMING; the stream is ours.
     unsafe {
@@ -121,12 +129,16 @@ fn record(stream: sys::CUstream) -> Option<SendEvent> {
             if r == sys::CUresult::CUDA_SUCCESS {
                 return Some(SendEvent(e));
             }
-            report("cuEventRecord", r);
+            report(fault, "cuEventRecord", r);
             let _ = sys::cuEventDestroy_v2(e);
         } else {
-            report("cuEventCreate", r);
+            report(fault, "cuEventCreate", r);
         }
-        report("cuStreamSynchronize", sys::cuStreamSynchronize(stream));
+        report(
+            fault,
+            "cuStreamSynchronize",
+            sys::cuStreamSynchronize(stream),
+        );
     }
     None
 }
@@ -134,13 +146,13 @@ fn record(stream: sys::CUstream) -> Option<SendEvent> {
 /// The completion thread: waits for each event in order (`cuEventSynchronize`), then runs its
 /// host work.
 /// `_alive` keeps the context retained while this thread runs.
-fn complete(ctx: CUcontext, _alive: &super::Contexts, rx: Receiver<Completion>) {
+fn complete(ctx: CUcontext, _alive: &super::Contexts, rx: Receiver<Completion>, fault: &Fault) {
     let _ = driver::set_current(ctx);
     while let Ok(c) = rx.recv() {
         if let Some(SendEvent(e)) = c.event {
             // SAFETY: an event recorded on our stream, destroyed once.
             unsafe {
-                report("cuEventSynchronize", sys::cuEventSynchronize(e));
+                report(fault, "cuEventSynchronize", sys::cuEventSynchronize(e));
                 let _ = sys::cuEventDestroy_v2(e);
             }
         }
@@ -156,6 +168,7 @@ fn run(
     rx: Receiver<Vec<EngineOp>>,
     closing: Closing,
     done: Sender<Completion>,
+    fault: &Fault,
 ) {
     // Host work of the current batch not yet handed over, and whether device work was queued
     // since the last hand-over (else no new event is needed).
@@ -165,7 +178,11 @@ fn run(
         if pending.is_empty() {
             return;
         }
-        let event = if *device_work { record(stream) } else { None };
+        let event = if *device_work {
+            record(fault, stream)
+        } else {
+            None
+        };
         *device_work = false;
         let _ = done.send(Completion {
             event,
@@ -181,7 +198,7 @@ fn run(
                         flush(&mut pending, &mut device_work);
                         // SAFETY: the submitter guarantees both ranges are live and reachable
                         // until the copy has run.
-                        unsafe { copy(stream, dst, src, size) };
+                        unsafe { copy(fault, stream, dst, src, size) };
                         device_work = true;
                     }
                 }
@@ -189,7 +206,7 @@ fn run(
                     if !abandoned && size > 0 {
                         flush(&mut pending, &mut device_work);
                         // SAFETY: as for Copy.
-                        unsafe { fill(stream, ptr, &pattern, size) };
+                        unsafe { fill(fault, stream, ptr, &pattern, size) };
                         device_work = true;
                     }
                 }
@@ -210,8 +227,12 @@ fn run(
     }
     // SAFETY: the stream is ours and nothing queues on it any more.
     unsafe {
-        report("cuStreamSynchronize", sys::cuStreamSynchronize(stream));
-        report("cuStreamDestroy", sys::cuStreamDestroy_v2(stream));
+        report(
+            fault,
+            "cuStreamSynchronize",
+            sys::cuStreamSynchronize(stream),
+        );
+        report(fault, "cuStreamDestroy", sys::cuStreamDestroy_v2(stream));
     }
 }
 
@@ -219,11 +240,11 @@ fn run(
 ///
 /// # Safety
 /// Both ranges are live memory the device can reach (or pageable host memory).
-unsafe fn copy(stream: sys::CUstream, dst: usize, src: usize, size: usize) {
+unsafe fn copy(fault: &Fault, stream: sys::CUstream, dst: usize, src: usize, size: usize) {
     let overlap = dst < src + size && src < dst + size && dst != src;
     if !overlap {
         // SAFETY: forwarded contract.
-        report("cuMemcpyAsync", unsafe {
+        report(fault, "cuMemcpyAsync", unsafe {
             sys::cuMemcpyAsync(dst as u64, src as u64, size, stream)
         });
         return;
@@ -236,21 +257,31 @@ unsafe fn copy(stream: sys::CUstream, dst: usize, src: usize, size: usize) {
     // SAFETY: valid out-pointer; the stream is ours; the staging buffer is freed after the
     // stream has finished with it.
     unsafe {
-        report("cuStreamSynchronize", sys::cuStreamSynchronize(stream));
+        report(
+            fault,
+            "cuStreamSynchronize",
+            sys::cuStreamSynchronize(stream),
+        );
         let r = sys::cuMemAlloc_v2(&mut tmp, size);
         if r != sys::CUresult::CUDA_SUCCESS {
-            report("cuMemAlloc (staging an overlapping copy)", r);
+            report(fault, "cuMemAlloc (staging an overlapping copy)", r);
             return;
         }
         report(
+            fault,
             "cuMemcpyAsync",
             sys::cuMemcpyAsync(tmp, src as u64, size, stream),
         );
         report(
+            fault,
             "cuMemcpyAsync",
             sys::cuMemcpyAsync(dst as u64, tmp, size, stream),
         );
-        report("cuStreamSynchronize", sys::cuStreamSynchronize(stream));
+        report(
+            fault,
+            "cuStreamSynchronize",
+            sys::cuStreamSynchronize(stream),
+        );
         let _ = sys::cuMemFree_v2(tmp);
     }
 }
@@ -259,13 +290,14 @@ unsafe fn copy(stream: sys::CUstream, dst: usize, src: usize, size: usize) {
 ///
 /// # Safety
 /// The range is live memory the device can reach.
-unsafe fn fill(stream: sys::CUstream, ptr: usize, pattern: &[u8], size: usize) {
+unsafe fn fill(fault: &Fault, stream: sys::CUstream, ptr: usize, pattern: &[u8], size: usize) {
     let p = ptr as u64;
     let uniform = pattern.iter().all(|&b| b == pattern[0]);
     // SAFETY (every call below): forwarded contract; the stream is ours.
     unsafe {
         if uniform {
             report(
+                fault,
                 "cuMemsetD8Async",
                 sys::cuMemsetD8Async(p, pattern[0], size, stream),
             );
@@ -275,6 +307,7 @@ unsafe fn fill(stream: sys::CUstream, ptr: usize, pattern: &[u8], size: usize) {
         if n == 2 && ptr.is_multiple_of(2) && size.is_multiple_of(2) {
             let v = u16::from_ne_bytes([pattern[0], pattern[1]]);
             report(
+                fault,
                 "cuMemsetD16Async",
                 sys::cuMemsetD16Async(p, v, size / 2, stream),
             );
@@ -283,6 +316,7 @@ unsafe fn fill(stream: sys::CUstream, ptr: usize, pattern: &[u8], size: usize) {
         if n == 4 && ptr.is_multiple_of(4) && size.is_multiple_of(4) {
             let v = u32::from_ne_bytes([pattern[0], pattern[1], pattern[2], pattern[3]]);
             report(
+                fault,
                 "cuMemsetD32Async",
                 sys::cuMemsetD32Async(p, v, size / 4, stream),
             );
@@ -292,6 +326,7 @@ unsafe fn fill(stream: sys::CUstream, ptr: usize, pattern: &[u8], size: usize) {
         // returns), then double the filled prefix, which stays a whole number of patterns.
         let first = n.min(size);
         report(
+            fault,
             "cuMemcpyAsync",
             sys::cuMemcpyAsync(p, pattern.as_ptr() as u64, first, stream),
         );
@@ -299,18 +334,27 @@ unsafe fn fill(stream: sys::CUstream, ptr: usize, pattern: &[u8], size: usize) {
         while done < size {
             let k = done.min(size - done);
             report(
+                fault,
                 "cuMemcpyAsync",
                 sys::cuMemcpyAsync(p + done as u64, p, k, stream),
             );
             done += k;
         }
         // The pattern buffer is freed when this returns: make sure the first copy has read it.
-        report("cuStreamSynchronize", sys::cuStreamSynchronize(stream));
+        report(
+            fault,
+            "cuStreamSynchronize",
+            sys::cuStreamSynchronize(stream),
+        );
     }
 }
 
 impl Engine for CudaEngine {
     unsafe fn submit(&self, ops: Vec<EngineOp>) {
         self.0.submit(ops);
+    }
+
+    fn take_error(&self) -> Option<HalError> {
+        self.1.lock().take()
     }
 }
