@@ -15,7 +15,7 @@ use std::time::Instant;
 use hetmem::{Context, Location, Stream, MANAGED_PAGE_SIZE as PAGE};
 use rustix::mm::{MapFlags, ProtFlags};
 
-use super::{e2s, median, Args, Row, Unit};
+use super::{e2s, json_extra, median, Args, Row, Unit};
 
 const SIZE: usize = 1 << 30;
 const GIB: f64 = (1u64 << 30) as f64;
@@ -84,14 +84,15 @@ fn shuffled(n: usize) -> Vec<usize> {
 }
 
 /// Touches one byte of each page of `m` in `order` (page indices), with the pages on a device;
-/// returns the seconds it took and, if `lat`, each touch's nanoseconds. Checks every page was
-/// migrated by a host fault of its own and read the bytes the allocation was filled with.
+/// returns the seconds it took and how many of the faults found their page's bytes staged ahead
+/// (`ManagedStats::staged_installs`), and, if `lat`, each touch's nanoseconds. Checks every page
+/// was migrated by a host fault of its own and read the bytes the allocation was filled with.
 fn touch(
     rt: &hetmem::Runtime,
     m: usize,
     order: &[usize],
     lat: Option<&mut Vec<f64>>,
-) -> Result<f64, String> {
+) -> Result<(f64, u64), String> {
     let before = rt.driver().managed_stats();
     let mut times = Vec::with_capacity(order.len());
     let t = Instant::now();
@@ -118,7 +119,7 @@ fn touch(
     if let Some(l) = lat {
         l.extend(times);
     }
-    Ok(secs)
+    Ok((secs, after.staged_installs - before.staged_installs))
 }
 
 pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
@@ -136,6 +137,8 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
     // Per row: hetmem's seconds and the seconds of the memcpy measured just before it.
     let mut rows: [(Vec<f64>, Vec<f64>); 5] = Default::default();
     let (mut lat_seq, mut lat_rand, mut base_lat) = (Vec::new(), Vec::new(), Vec::new());
+    // Faults of the last round's walks that found their bytes staged ahead.
+    let (mut staged_seq, mut staged_rand) = (0, 0);
     // Warm-up: one migration each way.
     prefetch(&ctx, &s, m, Location::Device(0))?;
     prefetch(&ctx, &s, m, Location::Host)?;
@@ -147,15 +150,15 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
         rows[0].0.push(t.elapsed().as_secs_f64());
         // 1: fault-driven device -> host, pages in order.
         rows[1].1.push(memcpy_secs(&dst, &src, SIZE));
-        rows[1]
-            .0
-            .push(touch(&rt, m, &in_order, (r == 0).then_some(&mut lat_seq))?);
+        let (secs, staged) = touch(&rt, m, &in_order, (r == 0).then_some(&mut lat_seq))?;
+        rows[1].0.push(secs);
+        staged_seq = staged;
         // 2: fault-driven device -> host, pages in a random order.
         prefetch(&ctx, &s, m, Location::Device(0))?;
         rows[2].1.push(memcpy_secs(&dst, &src, SIZE));
-        rows[2]
-            .0
-            .push(touch(&rt, m, &random, (r == 0).then_some(&mut lat_rand))?);
+        let (secs, staged) = touch(&rt, m, &random, (r == 0).then_some(&mut lat_rand))?;
+        rows[2].0.push(secs);
+        staged_rand = staged;
         // 3: prefetch device -> host.
         prefetch(&ctx, &s, m, Location::Device(0))?;
         rows[3].1.push(memcpy_secs(&dst, &src, SIZE));
@@ -186,6 +189,12 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
     ctx.free_managed(m).map_err(e2s)?;
     let st = rt.driver().managed_stats();
     tracing::debug!("managed bench counters: {st:?}");
+    json_extra("fault_sequential_staged_faults", staged_seq as f64);
+    json_extra("fault_random_staged_faults", staged_rand as f64);
+    println!(
+        "faults that found their page staged ahead (last round): in order {staged_seq} of \
+         {pages}, random {staged_rand} of {pages}"
+    );
     let bw = |secs: f64| SIZE as f64 / secs / GIB;
     let [to_dev, seq, rand, to_host, stream] = rows.map(|(h, b)| (bw(median(h)), bw(median(b))));
     let row = |op, key: &str, (v, b): (f64, f64), target| Row {

@@ -6,11 +6,13 @@
 //! | reserve | `memfd_create` + `ftruncate` (the host backing, sparse), `mmap(MAP_SHARED)` of it twice: the managed range (registered with `ioctl(UFFDIO_REGISTER, MISSING \| MINOR \| WP)`) and a private alias; a `PROT_NONE` placeholder mirror per device |
 //! | release | `ioctl(UFFDIO_UNREGISTER)`, `munmap`, `close` |
 //! | device map / unmap / discard | `mmap(MAP_SHARED \| MAP_FIXED \| MAP_POPULATE, memfd, slot)` / placeholder `mmap` / `fallocate(PUNCH_HOLE)` |
-//! | host install | `memcpy` into the backing through the alias, `ioctl(UFFDIO_CONTINUE)` (`UFFDIO_CONTINUE_MODE_WP` for read-only) |
+//! | host install | `memcpy` into the backing through the alias, `ioctl(UFFDIO_CONTINUE)` (`UFFDIO_CONTINUE_MODE_WP` for read-only); a fault's install copies in pieces while the mapper thread maps the pieces copied |
+//! | host stage | `memcpy` into the backing through the alias (no mapping: the page stays absent) |
 //! | host drop | `madvise(MADV_DONTNEED)` of the managed range (its page-table entries only) |
 //! | host protect | `ioctl(UFFDIO_WRITEPROTECT)` |
 //! | host wake | `ioctl(UFFDIO_WAKE)` |
 //! | fault thread | `poll(2)` on the userfaultfd and an `eventfd(2)`, `read(2)` of `struct uffd_msg` |
+//! | mapper thread | `ioctl(UFFDIO_CONTINUE)` of the pieces and pages an install hands it, so that the copy of the next piece runs meanwhile |
 //!
 //! No signal handler is installed: host faults on absent pages block the faulting thread in the
 //! kernel until the fault thread resolves them.
@@ -32,7 +34,9 @@ use rustix::event::{EventfdFlags, PollFd, PollFlags};
 use rustix::fs::FallocateFlags;
 use rustix::mm::{Advice, MapFlags, ProtFlags, UserfaultfdFlags};
 
-use super::managed_ops::{Fault, FaultSink, FaultThread, ManagedOps, ManagedRange};
+use super::managed_ops::{
+    Fault, FaultSink, FaultThread, HostSource, ManagedOps, ManagedRange, INSTALL_CHUNK,
+};
 use super::{os_error, reserve_placeholder};
 use crate::backend::DeviceInfo;
 use crate::backend::{HalError, Result};
@@ -189,6 +193,81 @@ pub struct HostManaged {
     backing: parking_lot::Mutex<std::collections::BTreeMap<usize, Backing>>,
     /// Device memory: slot `s` of device `d` is bytes `[s * page, (s+1) * page)` of `pools[d]`.
     pools: Vec<OwnedFd>,
+    /// The mapper thread, one user at a time.
+    mapper: parking_lot::Mutex<Mapper>,
+}
+
+/// The helper thread that maps (`UFFDIO_CONTINUE`) host pages whose bytes another thread has
+/// put in the backing, so that the copy of the next bytes overlaps the page-table update of
+/// these. Every job sent gets exactly one reply, in order.
+#[derive(Debug)]
+struct Mapper {
+    /// `(addr, len, read_only)` to map; `None` once stopping.
+    jobs: Option<std::sync::mpsc::Sender<(usize, usize, bool)>>,
+    done: std::sync::mpsc::Receiver<Result<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Mapper {
+    /// Starts the thread over its own descriptor of the userfaultfd.
+    fn start(uffd: &OwnedFd) -> std::result::Result<Mapper, String> {
+        let fd = uffd
+            .try_clone()
+            .map_err(|e| format!("dup of the userfaultfd: {e}"))?;
+        let (jobs, rx) = std::sync::mpsc::channel::<(usize, usize, bool)>();
+        let (tx, done) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("hetmem-uffd-map".into())
+            .spawn(move || {
+                for (addr, len, read_only) in rx {
+                    // SAFETY: the sender put the bytes in the backing and the entries are
+                    // absent (the contract of the install that sent the job).
+                    let r = unsafe { continue_range(&fd, addr, len, read_only) };
+                    if tx.send(r).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| format!("spawning the page-mapping thread: {e}"))?;
+        Ok(Mapper {
+            jobs: Some(jobs),
+            done,
+            thread: Some(thread),
+        })
+    }
+
+    /// Hands `[addr, addr+len)` to the thread to map. Returns whether it was sent (else the
+    /// thread is gone and no reply comes).
+    fn send(&self, addr: usize, len: usize, read_only: bool) -> bool {
+        self.jobs
+            .as_ref()
+            .is_some_and(|j| j.send((addr, len, read_only)).is_ok())
+    }
+
+    /// Waits for the replies to `n` jobs sent; the first error, if any.
+    fn wait(&self, n: usize) -> Result<()> {
+        let mut first = Ok(());
+        for _ in 0..n {
+            let r = self.done.recv().unwrap_or_else(|_| {
+                Err(HalError::Unexpected(
+                    "the page-mapping thread stopped".into(),
+                ))
+            });
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+}
+
+impl Drop for Mapper {
+    fn drop(&mut self) {
+        self.jobs = None; // the thread's loop ends
+        if let Some(t) = self.thread.take() {
+            t.join().ok();
+        }
+    }
 }
 
 impl HostManaged {
@@ -204,10 +283,12 @@ impl HostManaged {
                 .map_err(|e| format!("device {i}'s managed memory: {e}"))?;
             pools.push(fd);
         }
+        let mapper = parking_lot::Mutex::new(Mapper::start(&uffd)?);
         Ok(HostManaged {
             uffd,
             backing: Default::default(),
             pools,
+            mapper,
         })
     }
 
@@ -218,43 +299,13 @@ impl HostManaged {
         bk.alias + (addr - base)
     }
 
-    /// Maps the absent host pages `[addr, addr+len)` from the backing and wakes their waiters
-    /// (`ioctl(UFFDIO_CONTINUE)`, `UFFDIO_CONTINUE_MODE_WP` when read-only).
+    /// [`continue_range`] on this driver's userfaultfd.
     ///
     /// # Safety
-    /// The bytes are in the backing and the host entries are absent.
+    /// As [`continue_range`].
     unsafe fn continue_range(&self, addr: usize, len: usize, read_only: bool) -> Result<()> {
-        let mut done = 0usize;
-        while done < len {
-            let mut c = UffdioContinue {
-                range: Self::range(addr + done, len - done),
-                mode: if read_only {
-                    UFFDIO_CONTINUE_MODE_WP
-                } else {
-                    0
-                },
-                mapped: 0,
-            };
-            // SAFETY: UFFDIO_CONTINUE takes a uffdio_continue; the pages are in the backing.
-            let r = unsafe { uffd_ioctl(&self.uffd, UFFDIO_CONTINUE, &mut c) };
-            if c.mapped > 0 {
-                done += c.mapped as usize;
-            }
-            match r {
-                Ok(()) => {}
-                // Interrupted part-way: continue after `mapped`.
-                Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => {
-                    return Err(os_error(
-                        &format!(
-                        "ioctl(UFFDIO_CONTINUE) of {len:#x} bytes at {addr:#x} (after {done:#x})"
-                    ),
-                        e,
-                    ))
-                }
-            }
-        }
-        Ok(())
+        // SAFETY: forwarded contract.
+        unsafe { continue_range(&self.uffd, addr, len, read_only) }
     }
 
     fn range(addr: usize, len: usize) -> UffdioRange {
@@ -422,40 +473,87 @@ impl ManagedOps for HostManaged {
     }
 
     unsafe fn host_install_batch(&self, pages: &[(usize, usize)], len: usize) -> Result<()> {
-        if pages.len() < 2 {
-            for &(addr, src) in pages {
-                // SAFETY: forwarded contract.
-                unsafe { self.host_install(addr, Some(src), len, false)? };
+        // Pipeline: this thread copies page i + 1 into the backing while the mapper maps page i.
+        let mapper = self.mapper.lock();
+        let mut sent = 0;
+        for &(addr, src) in pages {
+            let alias = self.alias(addr);
+            // SAFETY: as in `host_install`: the alias is not registered and the host entries
+            // are absent; `src` is readable (caller).
+            unsafe { stream_copy(alias, src, len) };
+            if !mapper.send(addr, len, false) {
+                break; // the wait below reports it
             }
-            return Ok(());
+            sent += 1;
         }
-        // Pipeline: this thread copies page i + 1 into the backing while the helper maps page i.
-        let (tx, rx) = std::sync::mpsc::channel::<usize>();
-        std::thread::scope(|scope| {
-            let mapper = scope.spawn(move || -> Result<()> {
-                for addr in rx {
-                    // SAFETY: the page's bytes are in the backing (sent after the copy) and its
-                    // host entries are absent (caller).
-                    unsafe { self.continue_range(addr, len, false)? };
-                }
-                Ok(())
-            });
-            for &(addr, src) in pages {
+        let r = mapper.wait(sent);
+        if r.is_ok() && sent < pages.len() {
+            return Err(HalError::Unexpected(
+                "the page-mapping thread stopped".into(),
+            ));
+        }
+        r
+    }
+
+    unsafe fn host_stage(&self, addr: usize, src: usize, len: usize) {
+        let alias = self.alias(addr);
+        // SAFETY: the alias maps the backing and is never registered; the host entries of the
+        // page are absent and nothing else uses its backing (caller); `src` is readable.
+        unsafe { stream_copy(alias, src, len) };
+    }
+
+    unsafe fn host_install_overlapped(
+        &self,
+        addr: usize,
+        src: HostSource,
+        len: usize,
+        ahead: Option<(usize, usize)>,
+    ) -> Result<()> {
+        let mapper = self.mapper.lock();
+        let mut sent = 0;
+        let mut stopped = false;
+        match src {
+            HostSource::Staged => {
+                stopped = !mapper.send(addr, len, false);
+                sent += !stopped as usize;
+            }
+            HostSource::Copy(src) => {
                 let alias = self.alias(addr);
-                // SAFETY: as in `host_install`: the alias is not registered and the host entries
-                // are absent; `src` is readable (caller).
-                unsafe { stream_copy(alias, src, len) };
-                if tx.send(addr).is_err() {
-                    break; // the mapper stopped on an error: it reports it
+                let chunk = if len.is_multiple_of(INSTALL_CHUNK) {
+                    INSTALL_CHUNK
+                } else {
+                    len
+                };
+                for o in (0..len).step_by(chunk) {
+                    // SAFETY: as in `host_install`: the alias is not registered and the host
+                    // entries are absent; `src` is readable (caller).
+                    unsafe { stream_copy(alias + o, src + o, chunk) };
+                    if !mapper.send(addr + o, chunk, false) {
+                        stopped = true;
+                        break;
+                    }
+                    sent += 1;
                 }
             }
-            drop(tx);
-            mapper.join().unwrap_or_else(|_| {
-                Err(HalError::Unexpected(
-                    "the page-mapping thread panicked".into(),
-                ))
-            })
-        })
+        }
+        if let Some((b, bsrc)) = ahead {
+            if !stopped {
+                // SAFETY: forwarded contract of `host_stage`.
+                unsafe { self.host_stage(b, bsrc, len) };
+            }
+        }
+        let mut r = mapper.wait(sent);
+        if r.is_ok() && stopped {
+            r = Err(HalError::Unexpected(
+                "the page-mapping thread stopped".into(),
+            ));
+        }
+        if r.is_err() {
+            // Leave the page absent, as it was: the device keeps its bytes.
+            // SAFETY: our own page; its bytes are kept elsewhere (caller).
+            unsafe { self.host_drop(addr, len).ok() };
+        }
+        r
     }
 
     unsafe fn host_evict_batch(&self, pages: &[(usize, usize)], len: usize) -> Result<()> {
@@ -585,6 +683,47 @@ impl ManagedOps for HostManaged {
             thread: parking_lot::Mutex::new(Some(thread)),
         }))
     }
+}
+
+/// Maps the absent host pages `[addr, addr+len)` of a range registered on `uffd` from the
+/// backing and wakes their waiters (`ioctl(UFFDIO_CONTINUE)`, see `ioctl_userfaultfd(2)`;
+/// `UFFDIO_CONTINUE_MODE_WP` when read-only). Continues after a partial mapping (`EAGAIN`,
+/// `EINTR`). Errors: `HalError` naming the ioctl, the range and how far it got.
+///
+/// # Safety
+/// The bytes are in the backing and the host entries are absent.
+unsafe fn continue_range(uffd: &OwnedFd, addr: usize, len: usize, read_only: bool) -> Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        let mut c = UffdioContinue {
+            range: HostManaged::range(addr + done, len - done),
+            mode: if read_only {
+                UFFDIO_CONTINUE_MODE_WP
+            } else {
+                0
+            },
+            mapped: 0,
+        };
+        // SAFETY: UFFDIO_CONTINUE takes a uffdio_continue; the pages are in the backing.
+        let r = unsafe { uffd_ioctl(uffd, UFFDIO_CONTINUE, &mut c) };
+        if c.mapped > 0 {
+            done += c.mapped as usize;
+        }
+        match r {
+            Ok(()) => {}
+            // Interrupted part-way: continue after `mapped`.
+            Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => {
+                return Err(os_error(
+                    &format!(
+                        "ioctl(UFFDIO_CONTINUE) of {len:#x} bytes at {addr:#x} (after {done:#x})"
+                    ),
+                    e,
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Copies `len` bytes from `src` to `dst` (not overlapping), as a copy engine would: with
