@@ -199,13 +199,34 @@ pub struct HostManaged {
 
 /// The helper thread that maps (`UFFDIO_CONTINUE`) host pages whose bytes another thread has
 /// put in the backing, so that the copy of the next bytes overlaps the page-table update of
-/// these. Every job sent gets exactly one reply, in order.
+/// these. The thread that queued the jobs maps the ones the helper has not taken yet itself
+/// when it has nothing else to do ([`Mapper::finish`]): on a machine whose other cores are busy
+/// the install is never slower than doing both halves on one thread.
 #[derive(Debug)]
 struct Mapper {
-    /// `(addr, len, read_only)` to map; `None` once stopping.
-    jobs: Option<std::sync::mpsc::Sender<(usize, usize, bool)>>,
-    done: std::sync::mpsc::Receiver<Result<()>>,
+    queue: Arc<MapQueue>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// The jobs of a [`Mapper`] and their outcome.
+#[derive(Debug, Default)]
+struct MapQueue {
+    state: parking_lot::Mutex<MapState>,
+    /// Signalled when a job is queued or the thread is to stop.
+    work: parking_lot::Condvar,
+    /// Signalled when the helper finishes its last job in hand.
+    idle: parking_lot::Condvar,
+}
+
+#[derive(Debug, Default)]
+struct MapState {
+    /// `(addr, len, read_only)` to map, in order.
+    jobs: std::collections::VecDeque<(usize, usize, bool)>,
+    /// Jobs the helper has taken and not finished.
+    running: usize,
+    /// The first error since the last [`Mapper::finish`].
+    failed: Option<HalError>,
+    stop: bool,
 }
 
 impl Mapper {
@@ -214,56 +235,82 @@ impl Mapper {
         let fd = uffd
             .try_clone()
             .map_err(|e| format!("dup of the userfaultfd: {e}"))?;
-        let (jobs, rx) = std::sync::mpsc::channel::<(usize, usize, bool)>();
-        let (tx, done) = std::sync::mpsc::channel();
+        let queue = Arc::new(MapQueue::default());
+        let q = queue.clone();
         let thread = std::thread::Builder::new()
             .name("hetmem-uffd-map".into())
             .spawn(move || {
-                for (addr, len, read_only) in rx {
-                    // SAFETY: the sender put the bytes in the backing and the entries are
-                    // absent (the contract of the install that sent the job).
-                    let r = unsafe { continue_range(&fd, addr, len, read_only) };
-                    if tx.send(r).is_err() {
-                        return;
+                let mut st = q.state.lock();
+                loop {
+                    let Some((addr, len, read_only)) = st.jobs.pop_front() else {
+                        if st.stop {
+                            return;
+                        }
+                        q.work.wait(&mut st);
+                        continue;
+                    };
+                    st.running += 1;
+                    // SAFETY: the queuing thread put the bytes in the backing and the entries
+                    // are absent (the contract of the install that queued the job).
+                    let r = parking_lot::MutexGuard::unlocked(&mut st, || unsafe {
+                        continue_range(&fd, addr, len, read_only)
+                    });
+                    st.running -= 1;
+                    if let Err(e) = r {
+                        st.failed.get_or_insert(e);
+                    }
+                    if st.running == 0 && st.jobs.is_empty() {
+                        q.idle.notify_all();
                     }
                 }
             })
             .map_err(|e| format!("spawning the page-mapping thread: {e}"))?;
         Ok(Mapper {
-            jobs: Some(jobs),
-            done,
+            queue,
             thread: Some(thread),
         })
     }
 
-    /// Hands `[addr, addr+len)` to the thread to map. Returns whether it was sent (else the
-    /// thread is gone and no reply comes).
-    fn send(&self, addr: usize, len: usize, read_only: bool) -> bool {
-        self.jobs
-            .as_ref()
-            .is_some_and(|j| j.send((addr, len, read_only)).is_ok())
+    /// Queues `[addr, addr+len)` to be mapped.
+    fn send(&self, addr: usize, len: usize, read_only: bool) {
+        self.queue
+            .state
+            .lock()
+            .jobs
+            .push_back((addr, len, read_only));
+        self.queue.work.notify_one();
     }
 
-    /// Waits for the replies to `n` jobs sent; the first error, if any.
-    fn wait(&self, n: usize) -> Result<()> {
-        let mut first = Ok(());
-        for _ in 0..n {
-            let r = self.done.recv().unwrap_or_else(|_| {
-                Err(HalError::Unexpected(
-                    "the page-mapping thread stopped".into(),
-                ))
-            });
-            if first.is_ok() {
-                first = r;
+    /// Maps the jobs the helper has not taken on `uffd` (this thread), waits for those it has,
+    /// and returns the first error of all the jobs queued since the last call.
+    ///
+    /// # Safety
+    /// As [`continue_range`] for every job queued.
+    unsafe fn finish(&self, uffd: &OwnedFd) -> Result<()> {
+        let q = &self.queue;
+        let mut st = q.state.lock();
+        loop {
+            if let Some((addr, len, read_only)) = st.jobs.pop_front() {
+                // SAFETY: forwarded contract.
+                let r = parking_lot::MutexGuard::unlocked(&mut st, || unsafe {
+                    continue_range(uffd, addr, len, read_only)
+                });
+                if let Err(e) = r {
+                    st.failed.get_or_insert(e);
+                }
+            } else if st.running > 0 {
+                q.idle.wait(&mut st);
+            } else {
+                return st.failed.take().map_or(Ok(()), Err);
             }
         }
-        first
     }
 }
 
 impl Drop for Mapper {
     fn drop(&mut self) {
-        self.jobs = None; // the thread's loop ends
+        self.queue.state.lock().stop = true;
+        self.queue.work.notify_all();
         if let Some(t) = self.thread.take() {
             t.join().ok();
         }
@@ -475,24 +522,15 @@ impl ManagedOps for HostManaged {
     unsafe fn host_install_batch(&self, pages: &[(usize, usize)], len: usize) -> Result<()> {
         // Pipeline: this thread copies page i + 1 into the backing while the mapper maps page i.
         let mapper = self.mapper.lock();
-        let mut sent = 0;
         for &(addr, src) in pages {
             let alias = self.alias(addr);
             // SAFETY: as in `host_install`: the alias is not registered and the host entries
             // are absent; `src` is readable (caller).
             unsafe { stream_copy(alias, src, len) };
-            if !mapper.send(addr, len, false) {
-                break; // the wait below reports it
-            }
-            sent += 1;
+            mapper.send(addr, len, false);
         }
-        let r = mapper.wait(sent);
-        if r.is_ok() && sent < pages.len() {
-            return Err(HalError::Unexpected(
-                "the page-mapping thread stopped".into(),
-            ));
-        }
-        r
+        // SAFETY: every page queued is in the backing and its entries are absent (caller).
+        unsafe { mapper.finish(&self.uffd) }
     }
 
     unsafe fn host_stage(&self, addr: usize, src: usize, len: usize) {
@@ -510,13 +548,8 @@ impl ManagedOps for HostManaged {
         ahead: Option<(usize, usize)>,
     ) -> Result<()> {
         let mapper = self.mapper.lock();
-        let mut sent = 0;
-        let mut stopped = false;
         match src {
-            HostSource::Staged => {
-                stopped = !mapper.send(addr, len, false);
-                sent += !stopped as usize;
-            }
+            HostSource::Staged => mapper.send(addr, len, false),
             HostSource::Copy(src) => {
                 let alias = self.alias(addr);
                 let chunk = if len.is_multiple_of(INSTALL_CHUNK) {
@@ -528,26 +561,17 @@ impl ManagedOps for HostManaged {
                     // SAFETY: as in `host_install`: the alias is not registered and the host
                     // entries are absent; `src` is readable (caller).
                     unsafe { stream_copy(alias + o, src + o, chunk) };
-                    if !mapper.send(addr + o, chunk, false) {
-                        stopped = true;
-                        break;
-                    }
-                    sent += 1;
+                    mapper.send(addr + o, chunk, false);
                 }
             }
         }
         if let Some((b, bsrc)) = ahead {
-            if !stopped {
-                // SAFETY: forwarded contract of `host_stage`.
-                unsafe { self.host_stage(b, bsrc, len) };
-            }
+            // SAFETY: forwarded contract of `host_stage`.
+            unsafe { self.host_stage(b, bsrc, len) };
         }
-        let mut r = mapper.wait(sent);
-        if r.is_ok() && stopped {
-            r = Err(HalError::Unexpected(
-                "the page-mapping thread stopped".into(),
-            ));
-        }
+        // SAFETY: every piece queued is in the backing (staged or just copied) and its entries
+        // are absent (caller).
+        let r = unsafe { mapper.finish(&self.uffd) };
         if r.is_err() {
             // Leave the page absent, as it was: the device keeps its bytes.
             // SAFETY: our own page; its bytes are kept elsewhere (caller).

@@ -190,7 +190,9 @@ pub trait ManagedOps: Send + Sync + std::fmt::Debug {
     /// Host: the page is copied in [`INSTALL_CHUNK`] pieces by the calling thread while a helper
     /// thread maps each piece copied (`ioctl(UFFDIO_CONTINUE)`), so the faulting thread waits
     /// for one copy and the mapping of the last piece rather than for both in full; a staged
-    /// page is mapped by the helper while this thread copies `b`.
+    /// page is mapped by the helper while this thread copies `b`. Pieces the helper has not
+    /// taken when the copies are done (its core busy elsewhere) are mapped by the calling
+    /// thread.
     ///
     /// # Safety
     /// As [`ManagedOps::host_install`] for `addr` (with [`HostSource::Staged`]: staged since,
