@@ -184,8 +184,8 @@ pub trait ManagedOps: Send + Sync + std::fmt::Debug {
     /// `src`, as [`ManagedOps::host_install`] does, overlapping the copy with the page-table
     /// update; with `ahead = Some((b, bsrc))`, also stages page `b` from `bsrc`
     /// ([`ManagedOps::host_stage`]) while the page-table update of `addr` runs. On an error the
-    /// page is absent again (threads that ran on a part already mapped fault again) and `b` is
-    /// not staged.
+    /// page is absent again (threads that ran on a part already mapped fault again; what they
+    /// wrote there is lost, the source keeping the page's bytes) and `b` is not staged.
     ///
     /// Host: the page is copied in [`INSTALL_CHUNK`] pieces by the calling thread while a helper
     /// thread maps each piece copied (`ioctl(UFFDIO_CONTINUE)`), so the faulting thread waits
