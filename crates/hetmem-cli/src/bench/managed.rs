@@ -3,7 +3,9 @@
 //! page), walking the pages in order and in a random order, and prefetch of 1 GiB each way; each
 //! against a plain `memcpy` of the same bytes measured next to it in the same round. Then the
 //! latency of one fault (p50 / p99, in order and in random order) against a `memcpy` of one
-//! 2 MiB page.
+//! 2 MiB page. `--json` also gives `fault_sequential_staged_faults` and
+//! `fault_random_staged_faults`: how many of the last round's faults found their page's bytes
+//! staged ahead by the host backend's sequential-fault prefetcher (`ManagedStats::staged_installs`).
 //!
 //! The runtime copies pages with streaming (non-temporal) stores, as a copy engine would; the
 //! "streaming page copy" row measures that copy alone against the same `memcpy`, so the share of
