@@ -1,18 +1,23 @@
 //! `hetmem bench managed`: ACL managed memory on the host backend. Fault-driven migration (the
-//! host touches 1 GiB that lives on a device: one userfaultfd fault per 2 MiB page) and
-//! prefetch of 1 GiB each way, against a plain `memcpy` of the same bytes in the same run; and
-//! the latency of one fault (p50 / p99) against a `memcpy` of one 2 MiB page.
+//! host touches 1 GiB that lives on a device, one byte per 2 MiB page: one userfaultfd fault per
+//! page), walking the pages in order and in a random order, and prefetch of 1 GiB each way; each
+//! against a plain `memcpy` of the same bytes measured next to it in the same round. Then the
+//! latency of one fault (p50 / p99, in order and in random order) against a `memcpy` of one
+//! 2 MiB page. `--json` also gives `fault_sequential_staged_faults` and
+//! `fault_random_staged_faults`: how many of the last round's faults found their page's bytes
+//! staged ahead by the host backend's sequential-fault prefetcher (`ManagedStats::staged_installs`).
 //!
 //! The runtime copies pages with streaming (non-temporal) stores, as a copy engine would; the
-//! last row measures that copy alone against the same `memcpy`, so the share of the ratios that
-//! comes from the copy primitive (rather than from the migration machinery) is visible.
+//! "streaming page copy" row measures that copy alone against the same `memcpy`, so the share of
+//! the ratios that comes from the copy primitive (rather than from the migration machinery) is
+//! visible.
 
 use std::time::Instant;
 
 use hetmem::{Context, Location, Stream, MANAGED_PAGE_SIZE as PAGE};
 use rustix::mm::{MapFlags, ProtFlags};
 
-use super::{e2s, median, Args, Row, Unit};
+use super::{e2s, json_extra, median, Args, Row, Unit};
 
 const SIZE: usize = 1 << 30;
 const GIB: f64 = (1u64 << 30) as f64;
@@ -62,6 +67,63 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
+/// The pages of the allocation in a fixed pseudo-random order (Fisher-Yates over splitmix64, so
+/// every run walks the same order).
+fn shuffled(n: usize) -> Vec<usize> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let mut v: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        v.swap(i, (next() % (i as u64 + 1)) as usize);
+    }
+    v
+}
+
+/// Touches one byte of each page of `m` in `order` (page indices), with the pages on a device;
+/// returns the seconds it took and how many of the faults found their page's bytes staged ahead
+/// (`ManagedStats::staged_installs`), and, if `lat`, each touch's nanoseconds. Checks every page
+/// was migrated by a host fault of its own and read the bytes the allocation was filled with.
+fn touch(
+    rt: &hetmem::Runtime,
+    m: usize,
+    order: &[usize],
+    lat: Option<&mut Vec<f64>>,
+) -> Result<(f64, u64), String> {
+    let before = rt.driver().managed_stats();
+    let mut times = Vec::with_capacity(order.len());
+    let t = Instant::now();
+    let mut sum = 0u64;
+    for &i in order {
+        let t1 = Instant::now();
+        // SAFETY: inside the live managed allocation.
+        sum += unsafe { ((m + i * PAGE) as *const u8).read_volatile() } as u64;
+        times.push(t1.elapsed().as_nanos() as f64);
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let after = rt.driver().managed_stats();
+    let (faults, moved) = (
+        after.host_faults - before.host_faults,
+        after.pages_to_host - before.pages_to_host,
+    );
+    let n = order.len() as u64;
+    if faults != n || moved != n || sum != 0x5a * n {
+        return Err(format!(
+            "expected {n} faults migrating {n} pages of bytes 0x5a, got {faults} faults, \
+             {moved} pages, byte sum {sum:#x}"
+        ));
+    }
+    if let Some(l) = lat {
+        l.extend(times);
+    }
+    Ok((secs, after.staged_installs - before.staged_installs))
+}
+
 pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
     let (rt, dev, ctx) = crate::common::one_device(2 * SIZE as u64)?;
     let s = ctx.create_stream(&dev).map_err(e2s)?;
@@ -70,53 +132,51 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
     let src = Buf::new(SIZE, 1)?;
     let dst = Buf::new(SIZE, 2)?;
     let rounds = args.rounds.max(3);
+    let pages = SIZE / PAGE;
+    let in_order: Vec<usize> = (0..pages).collect();
+    let random = shuffled(pages);
 
-    let (mut touch, mut to_dev, mut to_host, mut base) = (vec![], vec![], vec![], vec![]);
-    let mut stream = Vec::new();
-    let (mut lat, mut base_lat) = (Vec::new(), Vec::new());
+    // Per row: hetmem's seconds and the seconds of the memcpy measured just before it.
+    let mut rows: [(Vec<f64>, Vec<f64>); 5] = Default::default();
+    let (mut lat_seq, mut lat_rand, mut base_lat) = (Vec::new(), Vec::new(), Vec::new());
+    // Faults of the last round's walks that found their bytes staged ahead.
+    let (mut staged_seq, mut staged_rand) = (0, 0);
     // Warm-up: one migration each way.
     prefetch(&ctx, &s, m, Location::Device(0))?;
     prefetch(&ctx, &s, m, Location::Host)?;
     for r in 0..rounds {
-        base.push(memcpy_secs(&dst, &src, SIZE));
-        // Prefetch host -> device (pages are on the host).
+        // 0: prefetch host -> device (pages are on the host).
+        rows[0].1.push(memcpy_secs(&dst, &src, SIZE));
         let t = Instant::now();
         prefetch(&ctx, &s, m, Location::Device(0))?;
-        to_dev.push(t.elapsed().as_secs_f64());
-        // Fault-driven device -> host: touch one byte per 2 MiB page.
-        let before = rt.driver().managed_stats().host_faults;
-        let t = Instant::now();
-        let mut sum = 0u64;
-        for p in (m..m + SIZE).step_by(PAGE) {
-            let t1 = Instant::now();
-            // SAFETY: inside the live managed allocation.
-            sum += unsafe { (p as *const u8).read_volatile() } as u64;
-            if r == 0 {
-                lat.push(t1.elapsed().as_nanos() as f64);
-            }
-        }
-        touch.push(t.elapsed().as_secs_f64());
-        let faults = rt.driver().managed_stats().host_faults - before;
-        if faults != (SIZE / PAGE) as u64 || sum != 0x5a * (SIZE / PAGE) as u64 {
-            return Err(format!(
-                "expected {} faults and bytes 0x5a, got {faults}",
-                SIZE / PAGE
-            ));
-        }
-        // Prefetch device -> host.
+        rows[0].0.push(t.elapsed().as_secs_f64());
+        // 1: fault-driven device -> host, pages in order.
+        rows[1].1.push(memcpy_secs(&dst, &src, SIZE));
+        let (secs, staged) = touch(&rt, m, &in_order, (r == 0).then_some(&mut lat_seq))?;
+        rows[1].0.push(secs);
+        staged_seq = staged;
+        // 2: fault-driven device -> host, pages in a random order.
         prefetch(&ctx, &s, m, Location::Device(0))?;
+        rows[2].1.push(memcpy_secs(&dst, &src, SIZE));
+        let (secs, staged) = touch(&rt, m, &random, (r == 0).then_some(&mut lat_rand))?;
+        rows[2].0.push(secs);
+        staged_rand = staged;
+        // 3: prefetch device -> host.
+        prefetch(&ctx, &s, m, Location::Device(0))?;
+        rows[3].1.push(memcpy_secs(&dst, &src, SIZE));
         let t = Instant::now();
         prefetch(&ctx, &s, m, Location::Host)?;
-        to_host.push(t.elapsed().as_secs_f64());
-        base.push(memcpy_secs(&dst, &src, SIZE));
+        rows[3].0.push(t.elapsed().as_secs_f64());
+        // 4: the runtime's page copy alone.
+        rows[4].1.push(memcpy_secs(&dst, &src, SIZE));
         let t = Instant::now();
         for o in (0..SIZE).step_by(PAGE) {
             // SAFETY: both buffers are ours, page-aligned and SIZE long; they do not overlap.
             unsafe { hetmem::platform::stream_copy(dst.0 + o, src.0 + o, PAGE) };
         }
-        stream.push(t.elapsed().as_secs_f64());
+        rows[4].0.push(t.elapsed().as_secs_f64());
     }
-    for i in 0..(SIZE / PAGE) {
+    for i in 0..pages {
         let t = Instant::now();
         // SAFETY: inside both buffers.
         unsafe {
@@ -131,9 +191,15 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
     ctx.free_managed(m).map_err(e2s)?;
     let st = rt.driver().managed_stats();
     tracing::debug!("managed bench counters: {st:?}");
+    json_extra("fault_sequential_staged_faults", staged_seq as f64);
+    json_extra("fault_random_staged_faults", staged_rand as f64);
+    println!(
+        "faults that found their page staged ahead (last round): in order {staged_seq} of \
+         {pages}, random {staged_rand} of {pages}"
+    );
     let bw = |secs: f64| SIZE as f64 / secs / GIB;
-    let b = bw(median(base));
-    let row = |op, key: &str, v: f64, target| Row {
+    let [to_dev, seq, rand, to_host, stream] = rows.map(|(h, b)| (bw(median(h)), bw(median(b))));
+    let row = |op, key: &str, (v, b): (f64, f64), target| Row {
         op,
         size: "1GiB",
         key: key.into(),
@@ -143,53 +209,72 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
         baseline: "memcpy of the same bytes (pre-faulted)",
         target,
     };
+    let latency = |op, key: &str, lat: &mut Vec<f64>, p: f64, baseline| Row {
+        op,
+        size: "2MiB",
+        key: key.into(),
+        unit: Unit::Ns,
+        hetmem_ns: pct(lat, p),
+        baseline_ns: Some(pct(&mut base_lat.clone(), p)),
+        baseline,
+        target: None,
+    };
     Ok(vec![
         row(
-            "fault-driven to host",
-            "fault_migrate_1gib",
-            bw(median(touch)),
+            "fault to host, in order",
+            "fault_sequential_1gib",
+            seq,
+            Some(">= 0.8x"),
+        ),
+        row(
+            "fault to host, random",
+            "fault_random_1gib",
+            rand,
             Some(">= 0.5x"),
         ),
         row(
             "prefetch to device",
             "prefetch_to_device_1gib",
-            bw(median(to_dev)),
+            to_dev,
             Some(">= 0.8x"),
         ),
         row(
             "prefetch to host",
             "prefetch_to_host_1gib",
-            bw(median(to_host)),
+            to_host,
             Some(">= 0.8x"),
         ),
         Row {
             baseline: "memcpy (reference: the runtime's page copy alone)",
-            ..row(
-                "streaming page copy",
-                "stream_copy_1gib",
-                bw(median(stream)),
-                None,
-            )
+            ..row("streaming page copy", "stream_copy_1gib", stream, None)
         },
-        Row {
-            op: "fault latency p50",
-            size: "2MiB",
-            key: "fault_latency_p50_2mib".into(),
-            unit: Unit::Ns,
-            hetmem_ns: pct(&mut lat, 0.5),
-            baseline_ns: Some(pct(&mut base_lat, 0.5)),
-            baseline: "memcpy of one 2 MiB page, p50",
-            target: None,
-        },
-        Row {
-            op: "fault latency p99",
-            size: "2MiB",
-            key: "fault_latency_p99_2mib".into(),
-            unit: Unit::Ns,
-            hetmem_ns: pct(&mut lat, 0.99),
-            baseline_ns: Some(pct(&mut base_lat, 0.99)),
-            baseline: "memcpy of one 2 MiB page, p99",
-            target: None,
-        },
+        latency(
+            "fault p50, in order",
+            "fault_latency_p50_2mib",
+            &mut lat_seq,
+            0.5,
+            "memcpy of one 2 MiB page, p50",
+        ),
+        latency(
+            "fault p99, in order",
+            "fault_latency_p99_2mib",
+            &mut lat_seq,
+            0.99,
+            "memcpy of one 2 MiB page, p99",
+        ),
+        latency(
+            "fault p50, random",
+            "fault_random_latency_p50_2mib",
+            &mut lat_rand,
+            0.5,
+            "memcpy of one 2 MiB page, p50",
+        ),
+        latency(
+            "fault p99, random",
+            "fault_random_latency_p99_2mib",
+            &mut lat_rand,
+            0.99,
+            "memcpy of one 2 MiB page, p99",
+        ),
     ])
 }

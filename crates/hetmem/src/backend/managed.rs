@@ -155,6 +155,16 @@ pub struct ManagedStats {
     pub bytes_from_host: u64,
     /// Pages present on the host now.
     pub host_resident_pages: u64,
+    /// Pages whose bytes the host backend copied to the host ahead of their own host fault,
+    /// while resolving the fault on the page before them when host faults came in address order
+    /// (its sequential-fault prefetcher, see `backend::host::residency`). Such a page stays
+    /// where it is, and is counted as moved, only when its own fault comes; a device write to
+    /// it meanwhile discards the staged bytes. 0 on other backends.
+    pub pages_staged: u64,
+    /// Host installs (almost always the staged page's own fault; also a prefetch or advice that
+    /// brought it to the host first) that found their bytes staged ahead
+    /// ([`ManagedStats::pages_staged`]): only the page-table update was left to do.
+    pub staged_installs: u64,
     /// Per device, in ordinal order.
     pub devices: Vec<ManagedDeviceStats>,
 }

@@ -6,11 +6,13 @@
 //! | reserve | `memfd_create` + `ftruncate` (the host backing, sparse), `mmap(MAP_SHARED)` of it twice: the managed range (registered with `ioctl(UFFDIO_REGISTER, MISSING \| MINOR \| WP)`) and a private alias; a `PROT_NONE` placeholder mirror per device |
 //! | release | `ioctl(UFFDIO_UNREGISTER)`, `munmap`, `close` |
 //! | device map / unmap / discard | `mmap(MAP_SHARED \| MAP_FIXED \| MAP_POPULATE, memfd, slot)` / placeholder `mmap` / `fallocate(PUNCH_HOLE)` |
-//! | host install | `memcpy` into the backing through the alias, `ioctl(UFFDIO_CONTINUE)` (`UFFDIO_CONTINUE_MODE_WP` for read-only) |
+//! | host install | `memcpy` into the backing through the alias, `ioctl(UFFDIO_CONTINUE)` (`UFFDIO_CONTINUE_MODE_WP` for read-only); a fault's install copies in pieces while the mapper thread maps the pieces copied |
+//! | host stage | `memcpy` into the backing through the alias (no mapping: the page stays absent) |
 //! | host drop | `madvise(MADV_DONTNEED)` of the managed range (its page-table entries only) |
 //! | host protect | `ioctl(UFFDIO_WRITEPROTECT)` |
 //! | host wake | `ioctl(UFFDIO_WAKE)` |
 //! | fault thread | `poll(2)` on the userfaultfd and an `eventfd(2)`, `read(2)` of `struct uffd_msg` |
+//! | mapper thread | `ioctl(UFFDIO_CONTINUE)` of the pieces and pages an install hands it, so that the copy of the next piece runs meanwhile |
 //!
 //! No signal handler is installed: host faults on absent pages block the faulting thread in the
 //! kernel until the fault thread resolves them.
@@ -32,7 +34,9 @@ use rustix::event::{EventfdFlags, PollFd, PollFlags};
 use rustix::fs::FallocateFlags;
 use rustix::mm::{Advice, MapFlags, ProtFlags, UserfaultfdFlags};
 
-use super::managed_ops::{Fault, FaultSink, FaultThread, ManagedOps, ManagedRange};
+use super::managed_ops::{
+    Fault, FaultSink, FaultThread, HostSource, ManagedOps, ManagedRange, INSTALL_CHUNK,
+};
 use super::{os_error, reserve_placeholder};
 use crate::backend::DeviceInfo;
 use crate::backend::{HalError, Result};
@@ -189,6 +193,128 @@ pub struct HostManaged {
     backing: parking_lot::Mutex<std::collections::BTreeMap<usize, Backing>>,
     /// Device memory: slot `s` of device `d` is bytes `[s * page, (s+1) * page)` of `pools[d]`.
     pools: Vec<OwnedFd>,
+    /// The mapper thread, one user at a time.
+    mapper: parking_lot::Mutex<Mapper>,
+}
+
+/// The helper thread that maps (`UFFDIO_CONTINUE`) host pages whose bytes another thread has
+/// put in the backing, so that the copy of the next bytes overlaps the page-table update of
+/// these. The thread that queued the jobs maps the ones the helper has not taken yet itself
+/// when it has nothing else to do ([`Mapper::finish`]): on a machine whose other cores are busy
+/// the install is never slower than doing both halves on one thread.
+#[derive(Debug)]
+struct Mapper {
+    queue: Arc<MapQueue>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The jobs of a [`Mapper`] and their outcome.
+#[derive(Debug, Default)]
+struct MapQueue {
+    state: parking_lot::Mutex<MapState>,
+    /// Signalled when a job is queued or the thread is to stop.
+    work: parking_lot::Condvar,
+    /// Signalled when the helper finishes its last job in hand.
+    idle: parking_lot::Condvar,
+}
+
+#[derive(Debug, Default)]
+struct MapState {
+    /// `(addr, len, read_only)` to map, in order.
+    jobs: std::collections::VecDeque<(usize, usize, bool)>,
+    /// Jobs the helper has taken and not finished.
+    running: usize,
+    /// The first error since the last [`Mapper::finish`].
+    failed: Option<HalError>,
+    stop: bool,
+}
+
+impl Mapper {
+    /// Starts the thread over its own descriptor of the userfaultfd.
+    fn start(uffd: &OwnedFd) -> std::result::Result<Mapper, String> {
+        let fd = uffd
+            .try_clone()
+            .map_err(|e| format!("dup of the userfaultfd: {e}"))?;
+        let queue = Arc::new(MapQueue::default());
+        let q = queue.clone();
+        let thread = std::thread::Builder::new()
+            .name("hetmem-uffd-map".into())
+            .spawn(move || {
+                let mut st = q.state.lock();
+                loop {
+                    let Some((addr, len, read_only)) = st.jobs.pop_front() else {
+                        if st.stop {
+                            return;
+                        }
+                        q.work.wait(&mut st);
+                        continue;
+                    };
+                    st.running += 1;
+                    // SAFETY: the queuing thread put the bytes in the backing and the entries
+                    // are absent (the contract of the install that queued the job).
+                    let r = parking_lot::MutexGuard::unlocked(&mut st, || unsafe {
+                        continue_range(&fd, addr, len, read_only)
+                    });
+                    st.running -= 1;
+                    if let Err(e) = r {
+                        st.failed.get_or_insert(e);
+                    }
+                    if st.running == 0 && st.jobs.is_empty() {
+                        q.idle.notify_all();
+                    }
+                }
+            })
+            .map_err(|e| format!("spawning the page-mapping thread: {e}"))?;
+        Ok(Mapper {
+            queue,
+            thread: Some(thread),
+        })
+    }
+
+    /// Queues `[addr, addr+len)` to be mapped.
+    fn send(&self, addr: usize, len: usize, read_only: bool) {
+        self.queue
+            .state
+            .lock()
+            .jobs
+            .push_back((addr, len, read_only));
+        self.queue.work.notify_one();
+    }
+
+    /// Maps the jobs the helper has not taken on `uffd` (this thread), waits for those it has,
+    /// and returns the first error of all the jobs queued since the last call.
+    ///
+    /// # Safety
+    /// As [`continue_range`] for every job queued.
+    unsafe fn finish(&self, uffd: &OwnedFd) -> Result<()> {
+        let q = &self.queue;
+        let mut st = q.state.lock();
+        loop {
+            if let Some((addr, len, read_only)) = st.jobs.pop_front() {
+                // SAFETY: forwarded contract.
+                let r = parking_lot::MutexGuard::unlocked(&mut st, || unsafe {
+                    continue_range(uffd, addr, len, read_only)
+                });
+                if let Err(e) = r {
+                    st.failed.get_or_insert(e);
+                }
+            } else if st.running > 0 {
+                q.idle.wait(&mut st);
+            } else {
+                return st.failed.take().map_or(Ok(()), Err);
+            }
+        }
+    }
+}
+
+impl Drop for Mapper {
+    fn drop(&mut self) {
+        self.queue.state.lock().stop = true;
+        self.queue.work.notify_all();
+        if let Some(t) = self.thread.take() {
+            t.join().ok();
+        }
+    }
 }
 
 impl HostManaged {
@@ -204,10 +330,12 @@ impl HostManaged {
                 .map_err(|e| format!("device {i}'s managed memory: {e}"))?;
             pools.push(fd);
         }
+        let mapper = parking_lot::Mutex::new(Mapper::start(&uffd)?);
         Ok(HostManaged {
             uffd,
             backing: Default::default(),
             pools,
+            mapper,
         })
     }
 
@@ -218,43 +346,13 @@ impl HostManaged {
         bk.alias + (addr - base)
     }
 
-    /// Maps the absent host pages `[addr, addr+len)` from the backing and wakes their waiters
-    /// (`ioctl(UFFDIO_CONTINUE)`, `UFFDIO_CONTINUE_MODE_WP` when read-only).
+    /// [`continue_range`] on this driver's userfaultfd.
     ///
     /// # Safety
-    /// The bytes are in the backing and the host entries are absent.
+    /// As [`continue_range`].
     unsafe fn continue_range(&self, addr: usize, len: usize, read_only: bool) -> Result<()> {
-        let mut done = 0usize;
-        while done < len {
-            let mut c = UffdioContinue {
-                range: Self::range(addr + done, len - done),
-                mode: if read_only {
-                    UFFDIO_CONTINUE_MODE_WP
-                } else {
-                    0
-                },
-                mapped: 0,
-            };
-            // SAFETY: UFFDIO_CONTINUE takes a uffdio_continue; the pages are in the backing.
-            let r = unsafe { uffd_ioctl(&self.uffd, UFFDIO_CONTINUE, &mut c) };
-            if c.mapped > 0 {
-                done += c.mapped as usize;
-            }
-            match r {
-                Ok(()) => {}
-                // Interrupted part-way: continue after `mapped`.
-                Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => {
-                    return Err(os_error(
-                        &format!(
-                        "ioctl(UFFDIO_CONTINUE) of {len:#x} bytes at {addr:#x} (after {done:#x})"
-                    ),
-                        e,
-                    ))
-                }
-            }
-        }
-        Ok(())
+        // SAFETY: forwarded contract.
+        unsafe { continue_range(&self.uffd, addr, len, read_only) }
     }
 
     fn range(addr: usize, len: usize) -> UffdioRange {
@@ -422,40 +520,64 @@ impl ManagedOps for HostManaged {
     }
 
     unsafe fn host_install_batch(&self, pages: &[(usize, usize)], len: usize) -> Result<()> {
-        if pages.len() < 2 {
-            for &(addr, src) in pages {
-                // SAFETY: forwarded contract.
-                unsafe { self.host_install(addr, Some(src), len, false)? };
-            }
-            return Ok(());
+        // Pipeline: this thread copies page i + 1 into the backing while the mapper maps page i.
+        let mapper = self.mapper.lock();
+        for &(addr, src) in pages {
+            let alias = self.alias(addr);
+            // SAFETY: as in `host_install`: the alias is not registered and the host entries
+            // are absent; `src` is readable (caller).
+            unsafe { stream_copy(alias, src, len) };
+            mapper.send(addr, len, false);
         }
-        // Pipeline: this thread copies page i + 1 into the backing while the helper maps page i.
-        let (tx, rx) = std::sync::mpsc::channel::<usize>();
-        std::thread::scope(|scope| {
-            let mapper = scope.spawn(move || -> Result<()> {
-                for addr in rx {
-                    // SAFETY: the page's bytes are in the backing (sent after the copy) and its
-                    // host entries are absent (caller).
-                    unsafe { self.continue_range(addr, len, false)? };
-                }
-                Ok(())
-            });
-            for &(addr, src) in pages {
+        // SAFETY: every page queued is in the backing and its entries are absent (caller).
+        unsafe { mapper.finish(&self.uffd) }
+    }
+
+    unsafe fn host_stage(&self, addr: usize, src: usize, len: usize) {
+        let alias = self.alias(addr);
+        // SAFETY: the alias maps the backing and is never registered; the host entries of the
+        // page are absent and nothing else uses its backing (caller); `src` is readable.
+        unsafe { stream_copy(alias, src, len) };
+    }
+
+    unsafe fn host_install_overlapped(
+        &self,
+        addr: usize,
+        src: HostSource,
+        len: usize,
+        ahead: Option<(usize, usize)>,
+    ) -> Result<()> {
+        let mapper = self.mapper.lock();
+        match src {
+            HostSource::Staged => mapper.send(addr, len, false),
+            HostSource::Copy(src) => {
                 let alias = self.alias(addr);
-                // SAFETY: as in `host_install`: the alias is not registered and the host entries
-                // are absent; `src` is readable (caller).
-                unsafe { stream_copy(alias, src, len) };
-                if tx.send(addr).is_err() {
-                    break; // the mapper stopped on an error: it reports it
+                let chunk = if len.is_multiple_of(INSTALL_CHUNK) {
+                    INSTALL_CHUNK
+                } else {
+                    len
+                };
+                for o in (0..len).step_by(chunk) {
+                    // SAFETY: as in `host_install`: the alias is not registered and the host
+                    // entries are absent; `src` is readable (caller).
+                    unsafe { stream_copy(alias + o, src + o, chunk) };
+                    mapper.send(addr + o, chunk, false);
                 }
             }
-            drop(tx);
-            mapper.join().unwrap_or_else(|_| {
-                Err(HalError::Unexpected(
-                    "the page-mapping thread panicked".into(),
-                ))
-            })
-        })
+        }
+        if let Some((b, bsrc)) = ahead {
+            // SAFETY: forwarded contract of `host_stage`.
+            unsafe { self.host_stage(b, bsrc, len) };
+        }
+        // SAFETY: every piece queued is in the backing (staged or just copied) and its entries
+        // are absent (caller).
+        let r = unsafe { mapper.finish(&self.uffd) };
+        if r.is_err() {
+            // Leave the page absent, as it was: the device keeps its bytes.
+            // SAFETY: our own page; its bytes are kept elsewhere (caller).
+            unsafe { self.host_drop(addr, len).ok() };
+        }
+        r
     }
 
     unsafe fn host_evict_batch(&self, pages: &[(usize, usize)], len: usize) -> Result<()> {
@@ -587,33 +709,114 @@ impl ManagedOps for HostManaged {
     }
 }
 
+/// Maps the absent host pages `[addr, addr+len)` of a range registered on `uffd` from the
+/// backing and wakes their waiters (`ioctl(UFFDIO_CONTINUE)`, see `ioctl_userfaultfd(2)`;
+/// `UFFDIO_CONTINUE_MODE_WP` when read-only). Continues after a partial mapping (`EAGAIN`,
+/// `EINTR`). Errors: `HalError` naming the ioctl, the range and how far it got.
+///
+/// # Safety
+/// The bytes are in the backing and the host entries are absent.
+unsafe fn continue_range(uffd: &OwnedFd, addr: usize, len: usize, read_only: bool) -> Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        let mut c = UffdioContinue {
+            range: HostManaged::range(addr + done, len - done),
+            mode: if read_only {
+                UFFDIO_CONTINUE_MODE_WP
+            } else {
+                0
+            },
+            mapped: 0,
+        };
+        // SAFETY: UFFDIO_CONTINUE takes a uffdio_continue; the pages are in the backing.
+        let r = unsafe { uffd_ioctl(uffd, UFFDIO_CONTINUE, &mut c) };
+        if c.mapped > 0 {
+            done += c.mapped as usize;
+        }
+        match r {
+            Ok(()) => {}
+            // Interrupted part-way: continue after `mapped`.
+            Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => {
+                return Err(os_error(
+                    &format!(
+                        "ioctl(UFFDIO_CONTINUE) of {len:#x} bytes at {addr:#x} (after {done:#x})"
+                    ),
+                    e,
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Copies `len` bytes from `src` to `dst` (not overlapping), as a copy engine would: with
 /// non-temporal (streaming) stores that bypass the cache when `dst` is 16-byte aligned and `len`
 /// a multiple of 64, so a migrated page neither pollutes the cache nor reads its destination
 /// first (on x86_64; `memcpy` elsewhere and for the unaligned case).
+///
+/// Lengths that are a multiple of 16 KiB are copied four 4 KiB pages at a time, interleaved a
+/// cache line from each, with software prefetch of the source (as glibc's `memcpy` does for
+/// copies larger than the cache): four streams keep more loads in flight than one, which the
+/// hardware prefetcher (tracking 4 KiB pages) does not do across a page boundary. Measured on
+/// the project's 2-core Xeon: a 2 MiB page at 0.99-1.03x a 1 GiB `memcpy`, against 0.76-0.82x
+/// for the plain streaming loop.
 ///
 /// # Safety
 /// `src` is readable and `dst` writable for `len` bytes, and they do not overlap.
 pub unsafe fn stream_copy(dst: usize, src: usize, len: usize) {
     #[cfg(target_arch = "x86_64")]
     if dst.is_multiple_of(16) && len.is_multiple_of(64) {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        use std::arch::x86_64::{
+            __m128i, _mm_loadu_si128, _mm_prefetch, _mm_sfence, _mm_stream_si128, _MM_HINT_T0,
+        };
         let (d, s) = (dst as *mut u8, src as *const u8);
-        let mut i = 0;
-        while i < len {
-            // SAFETY: i + 64 <= len, so all four 16-byte loads and stores are in range; the
-            // stores are 16-byte aligned (dst and i are); SSE2 is part of x86_64.
+        /// Copies the 64 bytes at offset `o` with streaming stores.
+        ///
+        /// # Safety
+        /// `o + 64 <= len`; `d + o` is 16-byte aligned.
+        #[inline(always)]
+        unsafe fn line(d: *mut u8, s: *const u8, o: usize) {
+            // SAFETY: the caller's bounds; the stores are 16-byte aligned; SSE2 is part of
+            // x86_64.
             unsafe {
-                let a = _mm_loadu_si128(s.add(i) as *const __m128i);
-                let b = _mm_loadu_si128(s.add(i + 16) as *const __m128i);
-                let c = _mm_loadu_si128(s.add(i + 32) as *const __m128i);
-                let e = _mm_loadu_si128(s.add(i + 48) as *const __m128i);
-                _mm_stream_si128(d.add(i) as *mut __m128i, a);
-                _mm_stream_si128(d.add(i + 16) as *mut __m128i, b);
-                _mm_stream_si128(d.add(i + 32) as *mut __m128i, c);
-                _mm_stream_si128(d.add(i + 48) as *mut __m128i, e);
+                let a = _mm_loadu_si128(s.add(o) as *const __m128i);
+                let b = _mm_loadu_si128(s.add(o + 16) as *const __m128i);
+                let c = _mm_loadu_si128(s.add(o + 32) as *const __m128i);
+                let e = _mm_loadu_si128(s.add(o + 48) as *const __m128i);
+                _mm_stream_si128(d.add(o) as *mut __m128i, a);
+                _mm_stream_si128(d.add(o + 16) as *mut __m128i, b);
+                _mm_stream_si128(d.add(o + 32) as *mut __m128i, c);
+                _mm_stream_si128(d.add(o + 48) as *mut __m128i, e);
             }
-            i += 64;
+        }
+        const STRIDE: usize = 4096;
+        const BLOCK: usize = 4 * STRIDE;
+        let mut i = 0;
+        if len.is_multiple_of(BLOCK) {
+            while i < len {
+                let mut off = 0;
+                while off < STRIDE {
+                    for p in 0..4 {
+                        let o = i + p * STRIDE + off;
+                        // SAFETY: a prefetch never faults, whatever the address; `o + 64 <=
+                        // len` since `i + BLOCK <= len`; `d + o` is 16-byte aligned (d, i, off
+                        // and the stride are).
+                        unsafe {
+                            _mm_prefetch(s.wrapping_add(o + 256) as *const i8, _MM_HINT_T0);
+                            line(d, s, o);
+                        }
+                    }
+                    off += 64;
+                }
+                i += BLOCK;
+            }
+        } else {
+            while i < len {
+                // SAFETY: i + 64 <= len; dst and i are 16-byte aligned.
+                unsafe { line(d, s, i) };
+                i += 64;
+            }
         }
         // Streaming stores are weakly ordered: fence before anyone else may read the bytes.
         // SAFETY: SSE2 is part of x86_64.

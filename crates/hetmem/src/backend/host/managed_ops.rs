@@ -28,6 +28,20 @@ pub struct Fault {
     pub write_protect: bool,
 }
 
+/// Where the bytes of a host install come from ([`ManagedOps::host_install_overlapped`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostSource {
+    /// Copied from this address (a device's mirror page), `len` bytes.
+    Copy(usize),
+    /// Already in the host memory behind the page ([`ManagedOps::host_stage`]).
+    Staged,
+}
+
+/// The piece of a managed page that [`ManagedOps::host_install_overlapped`] copies and maps at a
+/// time on the host backend (512 KiB: a quarter of a 2 MiB page, a multiple of 16 KiB for
+/// `stream_copy`'s interleaved loop).
+pub const INSTALL_CHUNK: usize = 512 << 10;
+
 /// Receives fault events on the platform's fault-handling thread.
 pub trait FaultSink: Send + Sync {
     /// Handles one fault: must leave the page accessible for the access (or wake the thread so
@@ -122,8 +136,8 @@ pub trait ManagedOps: Send + Sync + std::fmt::Debug {
     /// `None`), write-protected if `read_only` (a later write faults with `write_protect`), and
     /// wakes the threads waiting on it.
     ///
-    /// CUDA: `cuMemcpy` into host pages of the range. Host: `ioctl(UFFDIO_COPY)` (mode
-    /// `UFFDIO_COPY_MODE_WP` when read-only).
+    /// CUDA: `cuMemcpy` into host pages of the range. Host: `memcpy` into the host memfd through
+    /// its alias, then `ioctl(UFFDIO_CONTINUE)` (mode `UFFDIO_CONTINUE_MODE_WP` when read-only).
     ///
     /// # Safety
     /// The page is absent; `src` is readable for `len` bytes and not inside the host range.
@@ -139,8 +153,8 @@ pub trait ManagedOps: Send + Sync + std::fmt::Debug {
     /// [`ManagedOps::host_install`] with `Some(src)`, each `len` bytes. A platform may overlap
     /// the copies with the page-table updates. Default: one install after the other.
     ///
-    /// Host: the calling thread copies page `i + 1` into the backing while a helper thread maps
-    /// page `i` (`ioctl(UFFDIO_CONTINUE)`).
+    /// Host: the calling thread copies page `i + 1` into the backing while the helper thread
+    /// maps page `i` (`ioctl(UFFDIO_CONTINUE)`).
     ///
     /// # Safety
     /// As [`ManagedOps::host_install`], for every page.
@@ -151,6 +165,45 @@ pub trait ManagedOps: Send + Sync + std::fmt::Debug {
         }
         Ok(())
     }
+
+    /// Copies `len` bytes from `src` into the host memory behind the absent host page
+    /// `[addr, addr+len)` without making it present ("stages" it): host accesses still fault, and
+    /// a later [`ManagedOps::host_install_overlapped`] with [`HostSource::Staged`] only has the
+    /// page-table update left to do. The staged bytes are the page's only if nothing writes the
+    /// source before that install (the caller's bookkeeping).
+    ///
+    /// CUDA: no equivalent (the driver migrates). Host: a streaming copy into the host memfd
+    /// through its alias mapping.
+    ///
+    /// # Safety
+    /// The page is absent on the host and nothing else uses its host memory until it is
+    /// installed; `src` is readable for `len` bytes and not inside the host range.
+    unsafe fn host_stage(&self, addr: usize, src: usize, len: usize);
+
+    /// Makes the absent host page `[addr, addr+len)` present and writable with the bytes of
+    /// `src`, as [`ManagedOps::host_install`] does, overlapping the copy with the page-table
+    /// update; with `ahead = Some((b, bsrc))`, also stages page `b` from `bsrc`
+    /// ([`ManagedOps::host_stage`]) while the page-table update of `addr` runs. On an error the
+    /// page is absent again (threads that ran on a part already mapped fault again; what they
+    /// wrote there is lost, the source keeping the page's bytes) and `b` is not staged.
+    ///
+    /// Host: the page is copied in [`INSTALL_CHUNK`] pieces by the calling thread while a helper
+    /// thread maps each piece copied (`ioctl(UFFDIO_CONTINUE)`), so the faulting thread waits
+    /// for one copy and the mapping of the last piece rather than for both in full; a staged
+    /// page is mapped by the helper while this thread copies `b`. Pieces the helper has not
+    /// taken when the copies are done (its core busy elsewhere) are mapped by the calling
+    /// thread.
+    ///
+    /// # Safety
+    /// As [`ManagedOps::host_install`] for `addr` (with [`HostSource::Staged`]: staged since,
+    /// and the source unchanged), and as [`ManagedOps::host_stage`] for `ahead`.
+    unsafe fn host_install_overlapped(
+        &self,
+        addr: usize,
+        src: HostSource,
+        len: usize,
+        ahead: Option<(usize, usize)>,
+    ) -> Result<()>;
 
     /// Makes the present host page `[addr, addr+len)` absent; its bytes are gone.
     ///

@@ -20,6 +20,24 @@
 //!   the host. Only if nothing of the device can be evicted does the operation fail
 //!   ([`ResidencyError::DeviceFull`]).
 //!
+//! # Staging ahead (the sequential-fault prefetcher)
+//! A host fault that moves a page from a device costs the copy of its 2 MiB and the install of
+//! its 512 page-table entries (`UFFDIO_CONTINUE`, about a third of the copy). The install runs
+//! on the platform's mapper thread while the fault thread copies the next bytes
+//! ([`ManagedOps::host_install_overlapped`]: the faulting page in pieces, so its waiter does
+//! not wait for both in full), and when host faults on an allocation come in address order
+//! (this fault is on the page after the previous one, as in a sequential walk) the fault
+//! thread also copies the *next* page's bytes to the host while this page is being installed:
+//! that page is **staged** ([`Page::staged`]). Its own fault then has only the install left,
+//! which again overlaps the staging of the page after it, so a sequential walk runs at the
+//! speed of the copy alone. This is the role NVIDIA's UVM driver gives its prefetcher (migrate
+//! what an access pattern will fault on next), kept to what the ACL rules allow: a staged page
+//! does **not** move. It stays where it is (on its device, charged to the device's room,
+//! counted there) until its own host fault, which is still one fault and one page moved in
+//! every counter; only the copy happened earlier. Anything that could change the device copy
+//! (pinned work, a device-side operation, a move) discards the staged bytes, which are then
+//! copied again at the fault. Random-order faults stage nothing.
+//!
 //! # Locking and pinning
 //! One mutex per driver (`state`) guards every residency decision and migration; it is never
 //! held while device work or a device copy / fill runs. Such work first migrates its pages
@@ -43,7 +61,7 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
-use super::managed_ops::{Fault, FaultSink, FaultThread, ManagedOps, ManagedRange};
+use super::managed_ops::{Fault, FaultSink, FaultThread, HostSource, ManagedOps, ManagedRange};
 use crate::backend::managed::{
     DeviceOperand, DeviceRoom, ManagedDeviceStats, ManagedResidency, ManagedStats, PageView, Place,
     Residency, ResidencyAdvice, ResidencyError, WorkBuffer,
@@ -84,6 +102,11 @@ struct Page {
     /// with the lock dropped: while non-zero the page's residency may not change (see
     /// "Pinning" in the module docs).
     pins: u32,
+    /// The host memory behind this absent page holds its bytes, copied there ahead of its host
+    /// fault by the sequential-fault prefetcher ("Staging ahead" in the module docs): the page
+    /// is on one device only, and nothing has been able to write it since. Cleared by anything
+    /// that may change the page's copies or let a device write them.
+    staged: bool,
 }
 
 impl Page {
@@ -97,6 +120,7 @@ impl Page {
             preferred: None,
             tick: vec![0; devices],
             pins: 0,
+            staged: false,
         }
     }
     fn on_device(&self) -> Option<u32> {
@@ -123,6 +147,9 @@ impl Page {
 struct Alloc {
     range: ManagedRange,
     pages: Vec<Page>,
+    /// The page a host fault in address order comes to next: the one after the page of the
+    /// last host fault on this allocation (`usize::MAX` before the first).
+    next_fault: usize,
 }
 
 #[derive(Debug, Default)]
@@ -178,14 +205,16 @@ impl FaultSink for Core {
             *st.deferred.entry(page).or_insert(false) |= write;
             return;
         }
-        self.resolve_fault(&mut st, page, write);
+        let ahead = self.stage_candidate(&mut st, page);
+        self.resolve_fault(&mut st, page, write, ahead);
     }
 }
 
 impl Core {
-    /// Makes `page` accessible on the host for a faulting thread (and wakes it).
-    fn resolve_fault(&self, st: &mut State, page: usize, write: bool) {
-        match self.ensure_host(st, page, write) {
+    /// Makes `page` accessible on the host for a faulting thread (and wakes it), staging page
+    /// `ahead` meanwhile if the install moves `page` from a device.
+    fn resolve_fault(&self, st: &mut State, page: usize, write: bool, ahead: Option<usize>) {
+        match self.ensure_host_ahead(st, page, write, ahead) {
             Ok(true) => st.stats.host_faults += 1,
             Ok(false) => self.ops.host_wake(page, PAGE),
             Err(e) => {
@@ -199,7 +228,10 @@ impl Core {
     /// until [`Core::unpin`].
     fn pin(&self, st: &mut State, pages: &[usize]) {
         for &a in pages {
-            self.page_mut(st, a).pins += 1;
+            let p = self.page_mut(st, a);
+            p.pins += 1;
+            // Pinned work may write the device copy: bytes staged from it are stale.
+            p.staged = false;
         }
     }
 
@@ -214,7 +246,7 @@ impl Core {
             p.pins -= 1;
             if p.pins == 0 {
                 if let Some(write) = st.deferred.remove(&a) {
-                    self.resolve_fault(st, a, write);
+                    self.resolve_fault(st, a, write, None);
                 }
             }
         }
@@ -285,6 +317,7 @@ impl Core {
     /// mapped at the page's mirror as a cached slot ([`Page::cached`]).
     fn drop_device_copy(&self, st: &mut State, addr: usize, d: u32) {
         let p = self.page_mut(st, addr);
+        p.staged = false;
         let Some(slot) = p.slots[d as usize].take() else {
             return;
         };
@@ -413,6 +446,7 @@ impl Core {
         let p = self.page_mut(st, addr);
         p.host = true;
         p.host_ro = read_only;
+        p.staged = false;
     }
 
     /// Prefetch of `[ptr, ptr+size)` to device `d`, with the same decisions, in the same order,
@@ -515,6 +549,20 @@ impl Core {
     /// Makes `addr`'s page accessible on the host for reading (and writing if `write`).
     /// Returns whether anything changed.
     fn ensure_host(&self, st: &mut State, addr: usize, write: bool) -> Result<bool> {
+        self.ensure_host_ahead(st, addr, write, None)
+    }
+
+    /// [`Core::ensure_host`]; when that moves the page from a device (its only copy, or a
+    /// write), `ahead` (a page [`Core::stage_candidate`] chose) is staged while the page's
+    /// page-table entries are installed, and the page's own bytes come from its staged copy if
+    /// it has one.
+    fn ensure_host_ahead(
+        &self,
+        st: &mut State,
+        addr: usize,
+        write: bool,
+        ahead: Option<usize>,
+    ) -> Result<bool> {
         let p = self.page(st, addr);
         let exclusive = write || !p.read_mostly;
         if p.host {
@@ -530,13 +578,60 @@ impl Core {
             return Ok(false);
         }
         let from = p.on_device();
-        self.install_host_from(st, addr, from, !exclusive)?;
+        match from {
+            Some(d) if exclusive => {
+                let src = if p.staged {
+                    HostSource::Staged
+                } else {
+                    HostSource::Copy(self.mirror(st, addr, d))
+                };
+                let ahead = ahead.and_then(|b| {
+                    let bd = self.page_ref(st, b).on_device()?;
+                    Some((b, self.mirror(st, b, bd)))
+                });
+                // SAFETY: the page is absent on the host and its source mirror page mapped (or
+                // its bytes staged, unchanged since); `ahead` is absent on the host, on one
+                // device only (its mirror page mapped) and nothing uses its host memory.
+                unsafe { self.ops.host_install_overlapped(addr, src, PAGE, ahead)? };
+                if src == HostSource::Staged {
+                    st.stats.staged_installs += 1;
+                }
+                self.note_host_install(st, addr, from, false);
+                if let Some((b, _)) = ahead {
+                    self.page_mut(st, b).staged = true;
+                    st.stats.pages_staged += 1;
+                }
+            }
+            _ => self.install_host_from(st, addr, from, !exclusive)?,
+        }
         if exclusive {
             for d in 0..p.slots.len() as u32 {
                 self.drop_device_copy(st, addr, d);
             }
         }
         Ok(true)
+    }
+
+    /// The sequential-fault prefetcher's decision on a host fault on `page` (not yet resolved):
+    /// the page to stage ahead, if any. A fault comes *in order* when it is on the page after
+    /// the allocation's last host fault; then the page after it is staged if it is inside the
+    /// allocation, lives on one device only (not read-mostly, not on the host), is not in use
+    /// by device work and is not staged already. Records `page` as the allocation's last fault.
+    ///
+    /// One page ahead is enough: staging runs on the fault thread while the mapper thread
+    /// installs the faulting page, so the next page is ready as soon as the copy (the slower
+    /// half) is done; a wider window would only queue more copies behind the same one.
+    fn stage_candidate(&self, st: &mut State, page: usize) -> Option<usize> {
+        let (base, _) = self.find(st, page)?;
+        let a = st.allocs.get_mut(&base).expect("live");
+        let in_order = a.next_fault == page;
+        a.next_fault = page + PAGE;
+        let next = page + PAGE;
+        if !in_order || next >= base + a.range.size {
+            return None;
+        }
+        let p = self.page_ref(st, next);
+        (!p.host && !p.read_mostly && !p.staged && p.pins == 0 && p.copies() == 1).then_some(next)
     }
 
     /// Makes `addr`'s page resident on device `d` (read, or write if `write`), keeping the
@@ -549,6 +644,8 @@ impl Core {
         write: bool,
         keep: &[usize],
     ) -> Result<bool> {
+        // The page changes or is used on a device: bytes staged for it may go stale.
+        self.page_mut(st, addr).staged = false;
         let p = self.page(st, addr);
         let exclusive = write || !p.read_mostly;
         let mut changed = false;
@@ -1073,6 +1170,7 @@ impl ManagedResidency for HostResidency {
             base,
             Alloc {
                 pages: vec![Page::new(n); size / PAGE],
+                next_fault: usize::MAX,
                 range,
             },
         );
