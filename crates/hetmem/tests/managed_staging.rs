@@ -32,6 +32,12 @@ fn put(p: usize, v: u8) {
 
 #[test]
 fn a_walk_in_order_stages_each_next_page_and_every_page_still_faults_once() {
+    if common::file_not_applicable(
+        "staging is a mechanism of the host backend's software UVM engine (userfaultfd); on \
+         cuda the driver migrates managed pages itself",
+    ) {
+        return;
+    }
     let (rt, ctx) = context_with(1, 64 << 20);
     let n = 8;
     let m = pages_on_device(&rt, &ctx, n);
@@ -62,6 +68,12 @@ fn a_walk_in_order_stages_each_next_page_and_every_page_still_faults_once() {
 
 #[test]
 fn a_staged_page_stays_on_its_device_with_counters_room_and_attributes_unchanged() {
+    if common::file_not_applicable(
+        "staging is a mechanism of the host backend's software UVM engine (userfaultfd); on \
+         cuda the driver migrates managed pages itself",
+    ) {
+        return;
+    }
     let (rt, ctx) = context_with(1, 64 << 20);
     let n = 4;
     let m = pages_on_device(&rt, &ctx, n);
@@ -94,6 +106,12 @@ fn a_staged_page_stays_on_its_device_with_counters_room_and_attributes_unchanged
 
 #[test]
 fn staging_stops_at_the_end_of_the_allocation() {
+    if common::file_not_applicable(
+        "staging is a mechanism of the host backend's software UVM engine (userfaultfd); on \
+         cuda the driver migrates managed pages itself",
+    ) {
+        return;
+    }
     let (rt, ctx) = context_with(1, 64 << 20);
     let a = pages_on_device(&rt, &ctx, 3);
     let b = pages_on_device(&rt, &ctx, 3);
@@ -120,6 +138,12 @@ fn staging_stops_at_the_end_of_the_allocation() {
 
 #[test]
 fn random_order_faults_stage_only_after_an_in_order_pair_and_read_the_right_bytes() {
+    if common::file_not_applicable(
+        "staging is a mechanism of the host backend's software UVM engine (userfaultfd); on \
+         cuda the driver migrates managed pages itself",
+    ) {
+        return;
+    }
     let (rt, ctx) = context_with(1, 128 << 20);
     let n = 32;
     let m = pages_on_device(&rt, &ctx, n);
@@ -149,6 +173,12 @@ fn random_order_faults_stage_only_after_an_in_order_pair_and_read_the_right_byte
 /// discards the staged bytes: the host then reads what the device wrote.
 #[test]
 fn device_writes_after_staging_are_never_lost() {
+    if common::file_not_applicable(
+        "staging is a mechanism of the host backend's software UVM engine (userfaultfd); on \
+         cuda the driver migrates managed pages itself",
+    ) {
+        return;
+    }
     let (rt, ctx) = context_with(2, 64 << 20);
     let s0 = stream(&rt, &ctx, 0);
     let s1 = stream(&rt, &ctx, 1);
@@ -210,6 +240,12 @@ fn device_writes_after_staging_are_never_lost() {
 
 #[test]
 fn read_mostly_and_pinned_pages_are_not_staged() {
+    if common::file_not_applicable(
+        "staging is a mechanism of the host backend's software UVM engine (userfaultfd); on \
+         cuda the driver migrates managed pages itself",
+    ) {
+        return;
+    }
     let (rt, ctx) = context_with(1, 64 << 20);
     let n = 4;
     let m = pages_on_device(&rt, &ctx, n);
@@ -254,6 +290,12 @@ fn read_mostly_and_pinned_pages_are_not_staged() {
 /// them: every byte read is the last one written.
 #[test]
 fn concurrent_walks_with_device_writes_ahead_read_the_last_bytes_written() {
+    if common::file_not_applicable(
+        "staging is a mechanism of the host backend's software UVM engine (userfaultfd); on \
+         cuda the driver migrates managed pages itself",
+    ) {
+        return;
+    }
     let (rt, ctx) = context_with(2, 256 << 20);
     let n = 12;
     let allocs: Vec<usize> = (0..3).map(|_| pages_on_device(&rt, &ctx, n)).collect();
