@@ -402,7 +402,8 @@ impl Context {
                 });
             }
         }
-        self.driver_shared_arc().device_sync_op(
+        crate::semantics::queue::device_sync_op(
+            self.driver_shared_arc(),
             &device_sides,
             crate::backend::EngineOp::Copy {
                 dst,
@@ -468,7 +469,8 @@ impl Context {
                 Some(Err(e)) => return Err(e),
                 Some(Ok(())) => {}
             }
-            return self.driver_shared_arc().device_sync_op(
+            return crate::semantics::queue::device_sync_op(
+                self.driver_shared_arc(),
                 &[crate::semantics::queue::Operand {
                     ptr,
                     size: count,

@@ -587,6 +587,64 @@ impl Submitter {
     }
 }
 
+/// Runs one copy or fill on device 0's engine and waits for it: a host-synchronous call
+/// (ACL's `aclrtMemcpy` / `aclrtMemset`) whose memory the host cannot reach (device memory
+/// on the cuda backend). `device_sides` are the operands that must be memory this driver
+/// knows, checked as a queue's are ([`check_operand`]: live, inside
+/// its allocation, reservation pages mapped with the access needed) and held in flight
+/// until the operation has run, so a concurrent free waits for it; the caller has checked
+/// any other side as host memory (which CUDA copies reach as pageable memory).
+///
+/// Errors: those of `check_operand` (`InvalidArgument`, `InvalidNullPointer`), before
+/// anything runs; those of making the engine or its sync object.
+pub(crate) fn device_sync_op(
+    d: &Arc<DriverShared>,
+    device_sides: &[Operand],
+    op: EngineOp,
+) -> Result<()> {
+    let held = {
+        let usm = d.usm.read();
+        let vm = d.vm.read();
+        let views = crate::ipc::views(d);
+        let gates = vm.gates_for(device_sides.iter().map(|o| o.ptr));
+        let _held: Vec<_> = gates.iter().map(|p| p.exclusive()).collect();
+        let mut ids = Vec::with_capacity(device_sides.len());
+        for &o in device_sides {
+            ids.push(check_operand(&usm, &vm, &views, o)?);
+        }
+        d.inflight.acquire(&ids);
+        ids
+    };
+    let release = |ids: &[InFlightRef]| {
+        for p in d.inflight.release(ids) {
+            p.finish(d.backend.as_ref());
+        }
+    };
+    let run = || -> Result<()> {
+        let mut engine = d.sync_engine.lock();
+        if engine.is_none() {
+            *engine = Some(d.backend.create_engine(0)?);
+        }
+        let sync = d.backend.create_sync()?;
+        // SAFETY: the device sides are live and held in flight (above) until released
+        // below, after the signal; the host sides are the caller's, as its contract says.
+        unsafe {
+            engine
+                .as_ref()
+                .expect("made above")
+                .submit(vec![op, EngineOp::Signal(sync.clone())])
+        };
+        sync.wait_ns(u64::MAX);
+        match engine.as_ref().expect("made above").take_error() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    };
+    let r = run();
+    release(&held);
+    r
+}
+
 /// An operand's in-flight reference, released on drop ([`CommandQueue::hold_operand`]).
 #[derive(Debug)]
 pub(crate) struct HeldOperand {
