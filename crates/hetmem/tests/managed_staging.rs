@@ -13,6 +13,15 @@ use common::{byte, context_with, scalars, stream, Rng};
 use hetmem::{Advice, Context, Location, Runtime, MANAGED_PAGE_SIZE as PAGE};
 
 /// `n` managed pages, page `i` filled with `i + 1`, all prefetched to device 0.
+/// Staging is a mechanism of the host backend's software UVM engine: on another backend this
+/// file says so once, loudly, and every test returns.
+fn host_engine_only() -> bool {
+    common::file_not_applicable(
+        "staging is a mechanism of the host backend's software UVM engine (userfaultfd); on \
+         cuda the driver migrates managed pages itself",
+    )
+}
+
 fn pages_on_device(rt: &Runtime, ctx: &Context, n: usize) -> usize {
     let m = ctx.alloc_managed((n * PAGE) as u64, 1).unwrap();
     for i in 0..n {
@@ -32,10 +41,7 @@ fn put(p: usize, v: u8) {
 
 #[test]
 fn a_walk_in_order_stages_each_next_page_and_every_page_still_faults_once() {
-    if common::file_not_applicable(
-        "staging is a mechanism of the host backend's software UVM engine (userfaultfd); on \
-         cuda the driver migrates managed pages itself",
-    ) {
+    if host_engine_only() {
         return;
     }
     let (rt, ctx) = context_with(1, 64 << 20);
@@ -68,10 +74,7 @@ fn a_walk_in_order_stages_each_next_page_and_every_page_still_faults_once() {
 
 #[test]
 fn a_staged_page_stays_on_its_device_with_counters_room_and_attributes_unchanged() {
-    if common::file_not_applicable(
-        "staging is a mechanism of the host backend's software UVM engine (userfaultfd); on \
-         cuda the driver migrates managed pages itself",
-    ) {
+    if host_engine_only() {
         return;
     }
     let (rt, ctx) = context_with(1, 64 << 20);
@@ -106,10 +109,7 @@ fn a_staged_page_stays_on_its_device_with_counters_room_and_attributes_unchanged
 
 #[test]
 fn staging_stops_at_the_end_of_the_allocation() {
-    if common::file_not_applicable(
-        "staging is a mechanism of the host backend's software UVM engine (userfaultfd); on \
-         cuda the driver migrates managed pages itself",
-    ) {
+    if host_engine_only() {
         return;
     }
     let (rt, ctx) = context_with(1, 64 << 20);
@@ -138,10 +138,7 @@ fn staging_stops_at_the_end_of_the_allocation() {
 
 #[test]
 fn random_order_faults_stage_only_after_an_in_order_pair_and_read_the_right_bytes() {
-    if common::file_not_applicable(
-        "staging is a mechanism of the host backend's software UVM engine (userfaultfd); on \
-         cuda the driver migrates managed pages itself",
-    ) {
+    if host_engine_only() {
         return;
     }
     let (rt, ctx) = context_with(1, 128 << 20);
@@ -173,10 +170,7 @@ fn random_order_faults_stage_only_after_an_in_order_pair_and_read_the_right_byte
 /// discards the staged bytes: the host then reads what the device wrote.
 #[test]
 fn device_writes_after_staging_are_never_lost() {
-    if common::file_not_applicable(
-        "staging is a mechanism of the host backend's software UVM engine (userfaultfd); on \
-         cuda the driver migrates managed pages itself",
-    ) {
+    if host_engine_only() {
         return;
     }
     let (rt, ctx) = context_with(2, 64 << 20);
@@ -240,10 +234,7 @@ fn device_writes_after_staging_are_never_lost() {
 
 #[test]
 fn read_mostly_and_pinned_pages_are_not_staged() {
-    if common::file_not_applicable(
-        "staging is a mechanism of the host backend's software UVM engine (userfaultfd); on \
-         cuda the driver migrates managed pages itself",
-    ) {
+    if host_engine_only() {
         return;
     }
     let (rt, ctx) = context_with(1, 64 << 20);
@@ -290,10 +281,7 @@ fn read_mostly_and_pinned_pages_are_not_staged() {
 /// them: every byte read is the last one written.
 #[test]
 fn concurrent_walks_with_device_writes_ahead_read_the_last_bytes_written() {
-    if common::file_not_applicable(
-        "staging is a mechanism of the host backend's software UVM engine (userfaultfd); on \
-         cuda the driver migrates managed pages itself",
-    ) {
+    if host_engine_only() {
         return;
     }
     let (rt, ctx) = context_with(2, 256 << 20);

@@ -63,8 +63,8 @@ fn check(ok: bool, what: &str) -> Result<(), String> {
     }
 }
 
-pub fn run() -> Result<(), String> {
-    let (rt, dev, ctx) = crate::common::one_device(1 << 30)?;
+pub fn run(backend: Option<&str>) -> Result<(), String> {
+    let (rt, dev, ctx) = crate::common::scene_runtime(backend, 1 << 30)?;
     let cap = dev.info().capacity;
     println!(
         "free policies (zeMemFreeExt) on a queued {} copy host -> device; device capacity {}; \
