@@ -178,8 +178,8 @@ pub fn run(backend: Option<&str>) -> Result<(), String> {
     check(dev.used_memory() == 0, "free now kept the capacity")?;
     let again = ctx.alloc_device(&dev, &AllocDesc::new(SIZE)).map_err(e2s)?;
     used("a new allocation took the capacity at once", t0.elapsed());
-    // SAFETY: a live read-write allocation of SIZE bytes of ours.
-    unsafe { std::ptr::write_bytes(again as *mut u8, 0x77, SIZE) };
+    let io = crate::common::DeviceBytes::new(&ctx, &dev)?;
+    io.write(again, &vec![0x77; SIZE])?;
     let disjoint = again + SIZE <= c.dst || again >= c.dst + SIZE;
     println!(
         "    the new allocation is at {again:#x}, the freed one at {:#x}: {}",
@@ -190,10 +190,9 @@ pub fn run(backend: Option<&str>) -> Result<(), String> {
     gate.host_signal().map_err(e2s)?;
     c.q.synchronize(u64::MAX).map_err(e2s)?;
     used("the copy finished", t0.elapsed());
-    // SAFETY: live, no work in flight on it.
-    let intact = unsafe { std::slice::from_raw_parts(again as *const u8, SIZE) }
-        .iter()
-        .all(|&b| b == 0x77);
+    let mut intact = true;
+    io.visit(again, SIZE, |b| intact &= b.iter().all(|&x| x == 0x77))?;
+    drop(io);
     println!(
         "    the new allocation's {} are {} after the copy",
         human(SIZE as u64),
