@@ -365,15 +365,17 @@ fn range_handle_over_memory_that_is_not_reserved_va_is_invalid_argument_holes_ad
             },
         )
     };
+    // The unit of range handles: the OS page on the host backend, the 2 MiB granule on cuda.
+    let unit = if common::on_host() { 4096 } else { page(&ctx) };
     // A USM allocation, an IPC view, managed memory: InvalidArgument.
     let e = make_alloc(&ctx);
     assert_eq!(
-        range(e.ptr, 4096).unwrap_err().ze_result(),
+        range(e.ptr, unit).unwrap_err().ze_result(),
         INVALID_ARGUMENT
     );
     let h = ctx.get_ipc_handle(e.ptr).unwrap();
     let v = ctx.open_ipc_handle(&h, 0).unwrap();
-    let err = range(v, 1 << 20).unwrap_err();
+    let err = range(v, unit.max(1 << 20)).unwrap_err();
     assert_eq!(err.ze_result(), INVALID_ARGUMENT, "{err}");
     assert!(err.message().contains("IPC view"), "{err}");
     ctx.close_ipc_handle(v).unwrap();
@@ -388,9 +390,9 @@ fn range_handle_over_memory_that_is_not_reserved_va_is_invalid_argument_holes_ad
     let (r, hole) = make_range(&ctx);
     let err = range(r.ptr, hole + page(&ctx) - r.ptr).unwrap_err();
     assert_eq!(err.ze_result(), ADDRESS_NOT_FOUND, "{err}");
-    let heap = vec![0u8; 4 * 4096];
-    let p = (heap.as_ptr() as usize).next_multiple_of(4096);
-    assert_eq!(range(p, 4096).unwrap_err().ze_result(), ADDRESS_NOT_FOUND);
+    let heap = vec![0u8; 4 * unit];
+    let p = (heap.as_ptr() as usize).next_multiple_of(unit);
+    assert_eq!(range(p, unit).unwrap_err().ze_result(), ADDRESS_NOT_FOUND);
     assert_eq!(hetmem::ipc::live_exports(), 0);
     r.destroy(&ctx);
     e.destroy(&ctx);
