@@ -3,6 +3,14 @@
 
 mod common;
 
+/// Why this file runs on the host backend only.
+const HOST_ONLY: &str =
+    "fault-driven migration is the host backend's software UVM engine (userfaultfd host faults \
+     and their counts, read-mostly host copies and write-protect faults, LRU eviction from a \
+     small modelled device, the engine's threads and fds); on cuda managed memory is \
+     cuMemAllocManaged and the driver migrates pages itself, with none of these mechanics or \
+     counters";
+
 use common::{byte, context_with, output_text, run_test_in_child, task_count};
 
 use std::sync::{Arc, Barrier};
@@ -20,7 +28,7 @@ fn put(p: usize, v: u8) {
 
 #[test]
 fn fresh_pages_are_populated_lazily_on_first_host_touch() {
-    if common::not_yet_parametric() {
+    if common::file_not_applicable(HOST_ONLY) {
         return;
     }
     let (rt, ctx) = setup(1, 64 << 20);
@@ -39,7 +47,7 @@ fn fresh_pages_are_populated_lazily_on_first_host_touch() {
 
 #[test]
 fn prefetch_n_pages_to_a_device_then_host_touch_gives_exactly_n_faults() {
-    if common::not_yet_parametric() {
+    if common::file_not_applicable(HOST_ONLY) {
         return;
     }
     let (rt, ctx) = setup(2, 64 << 20);
@@ -76,7 +84,7 @@ fn prefetch_n_pages_to_a_device_then_host_touch_gives_exactly_n_faults() {
 
 #[test]
 fn many_threads_faulting_the_same_page_migrate_it_once() {
-    if common::not_yet_parametric() {
+    if common::file_not_applicable(HOST_ONLY) {
         return;
     }
     let (rt, ctx) = setup(1, 64 << 20);
@@ -115,7 +123,7 @@ fn many_threads_faulting_the_same_page_migrate_it_once() {
 
 #[test]
 fn threads_writing_different_pages_that_live_on_devices_all_land() {
-    if common::not_yet_parametric() {
+    if common::file_not_applicable(HOST_ONLY) {
         return;
     }
     let (rt, ctx) = setup(2, 64 << 20);
@@ -149,7 +157,7 @@ fn threads_writing_different_pages_that_live_on_devices_all_land() {
 
 #[test]
 fn device_copy_migrates_both_operands_to_the_stream_device() {
-    if common::not_yet_parametric() {
+    if common::file_not_applicable(HOST_ONLY) {
         return;
     }
     let (rt, ctx) = setup(2, 64 << 20);
@@ -171,7 +179,7 @@ fn device_copy_migrates_both_operands_to_the_stream_device() {
 
 #[test]
 fn overlapping_device_copy_behaves_as_memmove() {
-    if common::not_yet_parametric() {
+    if common::file_not_applicable(HOST_ONLY) {
         return;
     }
     let (rt, ctx) = setup(1, 64 << 20);
@@ -190,7 +198,7 @@ fn overlapping_device_copy_behaves_as_memmove() {
 
 #[test]
 fn read_mostly_pages_are_duplicated_and_a_host_write_invalidates_device_copies() {
-    if common::not_yet_parametric() {
+    if common::file_not_applicable(HOST_ONLY) {
         return;
     }
     let (rt, ctx) = setup(2, 64 << 20);
@@ -232,7 +240,7 @@ fn read_mostly_pages_are_duplicated_and_a_host_write_invalidates_device_copies()
 
 #[test]
 fn oversubscription_evicts_least_recently_used_pages_and_keeps_contents() {
-    if common::not_yet_parametric() {
+    if common::file_not_applicable(HOST_ONLY) {
         return;
     }
     let cap = 4 * PAGE as u64;
@@ -276,7 +284,7 @@ fn oversubscription_evicts_least_recently_used_pages_and_keeps_contents() {
 
 #[test]
 fn launched_work_larger_than_the_device_reports_out_of_device_memory() {
-    if common::not_yet_parametric() {
+    if common::file_not_applicable(HOST_ONLY) {
         return;
     }
     let (rt, ctx) = setup(1, 2 * PAGE as u64);
@@ -295,7 +303,7 @@ fn launched_work_larger_than_the_device_reports_out_of_device_memory() {
 /// Runs in a child process (the counts are process-wide, and other tests run in parallel).
 #[test]
 fn no_fds_mappings_or_threads_leak() {
-    if common::not_yet_parametric() {
+    if common::file_not_applicable(HOST_ONLY) {
         return;
     }
     let out = run_test_in_child("leak_child", &[("HETMEM_MANAGED_LEAK_CHILD", "1")]);
@@ -306,7 +314,7 @@ fn no_fds_mappings_or_threads_leak() {
 
 #[test]
 fn leak_child() {
-    if common::not_yet_parametric() {
+    if common::file_not_applicable(HOST_ONLY) {
         return;
     }
     if std::env::var_os("HETMEM_MANAGED_LEAK_CHILD").is_none() {
@@ -342,7 +350,7 @@ fn leak_child() {
 
 #[test]
 fn launched_work_that_panics_is_reported_and_the_stream_stays_usable() {
-    if common::not_yet_parametric() {
+    if common::file_not_applicable(HOST_ONLY) {
         return;
     }
     let (rt, ctx) = setup(1, 64 << 20);
@@ -371,7 +379,7 @@ fn launched_work_that_panics_is_reported_and_the_stream_stays_usable() {
 /// faults through userfaultfd like a user access: the page migrates and the call succeeds.
 #[test]
 fn kernel_accesses_to_device_resident_pages_migrate_them() {
-    if common::not_yet_parametric() {
+    if common::file_not_applicable(HOST_ONLY) {
         return;
     }
     let (rt, ctx) = setup(1, 64 << 20);

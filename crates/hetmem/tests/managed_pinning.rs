@@ -7,6 +7,13 @@
 
 mod common;
 
+/// Why the pinning tests do not apply on cuda.
+const PINNING: &str =
+    "pinning managed pages on the device while launched work runs (and the host faults, moves \
+     and frees that wait for it) is the host backend's software UVM engine (userfaultfd, its \
+     managed lock and fault counts); on cuda the driver migrates cuMemAllocManaged pages on \
+     access and hetmem pins nothing";
+
 use common::runtime_with;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,7 +21,7 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hetmem::{AllocDesc, Location, Runtime, MANAGED_PAGE_SIZE as PAGE};
+use hetmem::{AllocDesc, BackendKind, Location, Runtime, MANAGED_PAGE_SIZE as PAGE};
 
 fn runtime(device_pages: usize) -> Runtime {
     runtime_with(2, (device_pages * PAGE) as u64)
@@ -38,7 +45,7 @@ fn gate() -> (std::sync::mpsc::Sender<()>, Receiver<()>) {
 
 #[test]
 fn host_fault_on_another_allocation_is_not_stalled_by_launched_work() {
-    if common::not_yet_parametric() {
+    if common::not_applicable_on(BackendKind::Cuda, PINNING) || common::skip() {
         return;
     }
     let rt = runtime(8);
@@ -77,7 +84,7 @@ fn host_fault_on_another_allocation_is_not_stalled_by_launched_work() {
 
 #[test]
 fn calls_on_other_memory_during_launched_work_that_waits_for_the_host_finish() {
-    if common::not_yet_parametric() {
+    if common::not_applicable_on(BackendKind::Cuda, PINNING) || common::skip() {
         return;
     }
     let rt = runtime(8);
@@ -138,7 +145,7 @@ fn calls_on_other_memory_during_launched_work_that_waits_for_the_host_finish() {
 
 #[test]
 fn free_of_memory_in_use_by_launched_work_waits_for_it() {
-    if common::not_yet_parametric() {
+    if common::not_applicable_on(BackendKind::Cuda, PINNING) || common::skip() {
         return;
     }
     let rt = runtime(8);
@@ -174,7 +181,7 @@ fn free_of_memory_in_use_by_launched_work_waits_for_it() {
 
 #[test]
 fn host_access_to_a_page_in_use_by_launched_work_waits_and_sees_its_result() {
-    if common::not_yet_parametric() {
+    if common::not_applicable_on(BackendKind::Cuda, PINNING) || common::skip() {
         return;
     }
     let rt = runtime(8);
@@ -213,7 +220,7 @@ fn host_access_to_a_page_in_use_by_launched_work_waits_and_sees_its_result() {
 /// would hold.
 #[test]
 fn contents_stay_right_under_concurrent_launches_and_host_faults() {
-    if common::not_yet_parametric() {
+    if common::not_applicable_on(BackendKind::Cuda, PINNING) || common::skip() {
         return;
     }
     const DEV_PAGES: usize = 4; // per stream
@@ -293,7 +300,7 @@ fn contents_stay_right_under_concurrent_launches_and_host_faults() {
 
 #[test]
 fn host_memcpy_copies_between_managed_and_plain_memory_both_ways() {
-    if common::not_yet_parametric() {
+    if common::skip() {
         return;
     }
     let rt = runtime(8);
@@ -315,21 +322,33 @@ fn host_memcpy_copies_between_managed_and_plain_memory_both_ways() {
         .unwrap();
     assert_eq!(back, src);
     // USM device and host memory on either side.
-    let dv = ctx.alloc_device(&d0, &AllocDesc::new(1 << 20)).unwrap();
     let hv = ctx.alloc_host(&AllocDesc::new(1 << 20)).unwrap();
-    ctx.managed_memcpy(dv, m + 100, src.len()).unwrap();
-    ctx.managed_memcpy(m + PAGE, dv, src.len()).unwrap();
+    let dv = if common::part_not_applicable_on(
+        BackendKind::Cuda,
+        "managed_memcpy with a USM device side: aclrtMemcpy's managed path is a copy by the \
+         calling thread, and on cuda device memory is not host-accessible",
+    ) {
+        ctx.managed_memcpy(m + PAGE, m + 100, src.len()).unwrap();
+        None
+    } else {
+        let dv = ctx.alloc_device(&d0, &AllocDesc::new(1 << 20)).unwrap();
+        ctx.managed_memcpy(dv, m + 100, src.len()).unwrap();
+        ctx.managed_memcpy(m + PAGE, dv, src.len()).unwrap();
+        Some(dv)
+    };
     ctx.managed_memcpy(hv, m + PAGE, src.len()).unwrap();
     // SAFETY: the host allocation is live and holds src.len() bytes.
     let got = unsafe { std::slice::from_raw_parts(hv as *const u8, src.len()) };
     assert_eq!(got, &src[..]);
-    ctx.free_memory(dv).unwrap();
+    if let Some(dv) = dv {
+        ctx.free_memory(dv).unwrap();
+    }
     ctx.free_memory(hv).unwrap();
 }
 
 #[test]
 fn host_memcpy_with_an_unmapped_or_unwritable_plain_side_is_107000() {
-    if common::not_yet_parametric() {
+    if common::skip() {
         return;
     }
     let rt = runtime(8);
@@ -375,10 +394,13 @@ fn host_memcpy_with_an_unmapped_or_unwritable_plain_side_is_107000() {
 
 #[test]
 fn stream_memcpy_copies_between_managed_and_usm_memory_on_the_streams_device() {
-    if common::not_yet_parametric() {
+    if common::skip() {
         return;
     }
     let rt = runtime(8);
+    if common::fewer_devices_than(&rt, 2) {
+        return;
+    }
     let ctx = rt.driver().create_context().unwrap();
     let d1 = rt.driver().device(1).unwrap();
     let s = ctx.create_stream(&d1).unwrap();

@@ -5,6 +5,12 @@
 
 mod common;
 
+/// Why this file runs on the host backend only.
+const HOST_ONLY: &str =
+    "it checks that a readable map populates the page table of its host VMA (MAP_POPULATE, Rss \
+     in /proc/self/smaps); on cuda device memory is mapped by cuMemMap in the GPU's page \
+     tables, makes no host VMA and cannot be touched by the host";
+
 use hetmem::{AccessAttribute, PhysicalMemoryFlags, Runtime};
 
 /// `Rss` in KiB of the mapping (VMA) that starts at `addr`, from `/proc/self/smaps`.
@@ -21,7 +27,7 @@ fn rss_kib(addr: usize) -> Option<u64> {
 
 #[test]
 fn readable_map_is_resident_at_once_and_access_none_is_not() {
-    if common::not_yet_parametric() {
+    if common::file_not_applicable(HOST_ONLY) {
         return;
     }
     let rt = Runtime::builder()
