@@ -30,7 +30,7 @@ pub fn one_device(bytes: u64) -> Result<(Runtime, Device, Context), String> {
     Ok((rt, dev, ctx))
 }
 
-/// The runtime of a demo scene: the backend `--backend` names, else `HETMEM_BACKEND`'s, else
+/// The runtime of a demo scene or a benchmark that follows the chosen backend: the backend `--backend` names, else `HETMEM_BACKEND`'s, else
 /// the host; on the host backend one device of `host_bytes` bytes (the scene's model), on
 /// another the runtime of the environment. Returns the runtime, device 0 and a context.
 pub fn scene_runtime(
@@ -94,6 +94,52 @@ impl<'a> DeviceBytes<'a> {
             list.host_synchronize(u64::MAX).map_err(e2s)?;
         }
         Ok(())
+    }
+
+    /// Writes each `(address, word)` of `at` (device memory mapped read-write), all in one
+    /// batch of copies where they are staged (at most 64 MiB / 8 words).
+    pub fn write_words(&self, at: &[(usize, u64)]) -> Result<(), String> {
+        let Some((list, buf)) = &self.staged else {
+            for &(a, v) in at {
+                // SAFETY: as in `write`.
+                unsafe { (a as *mut u64).write_volatile(v) };
+            }
+            return Ok(());
+        };
+        if 8 * at.len() > STAGE {
+            return Err(format!("{} words do not fit the staging buffer", at.len()));
+        }
+        for (i, &(a, v)) in at.iter().enumerate() {
+            // SAFETY: host USM memory of STAGE bytes; no copy of it is queued.
+            unsafe { ((buf + 8 * i) as *mut u64).write(v) };
+            list.append_memory_copy(a, buf + 8 * i, 8, None, &[])
+                .map_err(e2s)?;
+        }
+        list.host_synchronize(u64::MAX).map_err(e2s)?;
+        Ok(())
+    }
+
+    /// The word at each address of `at` (device memory mapped readable), read in one batch.
+    pub fn read_words(&self, at: &[usize]) -> Result<Vec<u64>, String> {
+        let Some((list, buf)) = &self.staged else {
+            // SAFETY: as in `visit`.
+            return Ok(at
+                .iter()
+                .map(|&a| unsafe { (a as *const u64).read_volatile() })
+                .collect());
+        };
+        if 8 * at.len() > STAGE {
+            return Err(format!("{} words do not fit the staging buffer", at.len()));
+        }
+        for (i, &a) in at.iter().enumerate() {
+            list.append_memory_copy(buf + 8 * i, a, 8, None, &[])
+                .map_err(e2s)?;
+        }
+        list.host_synchronize(u64::MAX).map_err(e2s)?;
+        // SAFETY: host USM memory written by the finished copies.
+        Ok((0..at.len())
+            .map(|i| unsafe { ((buf + 8 * i) as *const u64).read() })
+            .collect())
     }
 
     /// Hands the `len` bytes at `src` (device memory mapped readable) to `f`, in order, in

@@ -503,6 +503,16 @@ pub fn fd_identity(fd: BorrowedFd<'_>) -> Option<(u64, u64, u64)> {
     Some((st.st_dev as u64, st.st_ino as u64, st.st_size as u64))
 }
 
+/// The major device number of `fd` if it is a character device, else `None`: `fstat(2)`
+/// (`S_ISCHR(st_mode)`, `major(st_rdev)`). Errors: those of `fstat` (`EBADF` for an fd that is
+/// not open).
+pub fn char_device_major(fd: BorrowedFd<'_>) -> Result<Option<u32>, Errno> {
+    let st = rustix::fs::fstat(fd)?;
+    let chr =
+        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::CharacterDevice;
+    Ok(chr.then(|| rustix::fs::major(st.st_rdev)))
+}
+
 /// The seals of an fd: `fcntl(F_GET_SEALS)`. `EINVAL` for an fd that is not a memfd (or
 /// another file that supports sealing).
 pub fn fd_seals(fd: BorrowedFd<'_>) -> Result<rustix::fs::SealFlags, Errno> {
@@ -522,4 +532,22 @@ pub fn random_token() -> Result<[u8; 16], Errno> {
         got += rustix::rand::getrandom(&mut t[got..], rustix::rand::GetRandomFlags::empty())?;
     }
     Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    /// `/dev/null` is character device 1:3; a pipe is no device; a closed fd is `EBADF`.
+    #[test]
+    fn char_device_major_tells_devices_from_other_files() {
+        let null = std::fs::File::open("/dev/null").unwrap();
+        assert_eq!(char_device_major(null.as_fd()), Ok(Some(1)));
+        let (r, _w) = rustix::pipe::pipe().unwrap();
+        assert_eq!(char_device_major(r.as_fd()), Ok(None));
+        // SAFETY: only inspected; a number far above any open fd.
+        let closed = unsafe { BorrowedFd::borrow_raw(1 << 20) };
+        assert_eq!(char_device_major(closed), Err(Errno::BADF));
+    }
 }

@@ -29,9 +29,10 @@ use std::time::Instant;
 
 use hetmem::platform::open_fd_count;
 use hetmem::{
-    AccessAttribute, AllocDesc, BackendKind, CommandList, Context, Device, IpcHandle,
-    IpcProperties, PhysicalMemoryFlags, Runtime,
+    AccessAttribute, BackendKind, Context, IpcHandle, IpcProperties, PhysicalMemoryFlags,
 };
+
+use crate::common::DeviceBytes;
 use rustix::mm::{MapFlags, ProtFlags};
 
 use super::{alternate, e2s, Args, Row, Unit};
@@ -83,88 +84,6 @@ impl Drop for Importer {
     }
 }
 
-/// Reads and writes 8-byte stamps in device memory: in place where the host reaches it (the
-/// host backend), else with copies on an immediate command list through a host USM buffer.
-struct Stamps<'a> {
-    ctx: &'a Context,
-    staged: Option<(CommandList, usize)>,
-}
-
-impl<'a> Stamps<'a> {
-    fn new(ctx: &'a Context, dev: &Device, max: usize) -> Result<Stamps<'a>, String> {
-        let staged = if ctx.driver().backend_kind() == BackendKind::Host {
-            None
-        } else {
-            let list = ctx.create_immediate_command_list(dev).map_err(e2s)?;
-            let buf = ctx.alloc_host(&AllocDesc::new(8 * max)).map_err(e2s)?;
-            Some((list, buf))
-        };
-        Ok(Stamps { ctx, staged })
-    }
-
-    fn write(&self, at: &[(usize, u64)]) -> Result<(), String> {
-        let Some((list, buf)) = &self.staged else {
-            for &(a, v) in at {
-                // SAFETY: the caller passes mapped read-write device memory the host reaches.
-                unsafe { (a as *mut u64).write_volatile(v) };
-            }
-            return Ok(());
-        };
-        for (i, &(a, v)) in at.iter().enumerate() {
-            // SAFETY: host USM memory of 8 * max bytes; no copy of it is queued.
-            unsafe { ((buf + 8 * i) as *mut u64).write(v) };
-            list.append_memory_copy(a, buf + 8 * i, 8, None, &[])
-                .map_err(e2s)?;
-        }
-        list.host_synchronize(u64::MAX).map_err(e2s)?;
-        Ok(())
-    }
-
-    fn read(&self, at: &[usize]) -> Result<Vec<u64>, String> {
-        let Some((list, buf)) = &self.staged else {
-            // SAFETY: the caller passes mapped readable memory the host reaches.
-            return Ok(at
-                .iter()
-                .map(|&a| unsafe { (a as *const u64).read_volatile() })
-                .collect());
-        };
-        for (i, &a) in at.iter().enumerate() {
-            list.append_memory_copy(buf + 8 * i, a, 8, None, &[])
-                .map_err(e2s)?;
-        }
-        list.host_synchronize(u64::MAX).map_err(e2s)?;
-        // SAFETY: host USM memory written by the finished copies.
-        Ok((0..at.len())
-            .map(|i| unsafe { ((buf + 8 * i) as *const u64).read() })
-            .collect())
-    }
-}
-
-impl Drop for Stamps<'_> {
-    fn drop(&mut self) {
-        if let Some((list, buf)) = self.staged.take() {
-            drop(list);
-            let _ = self.ctx.free_memory(buf);
-        }
-    }
-}
-
-/// The runtime of both processes: `HETMEM_BACKEND`'s backend, with one host device of
-/// `bytes` bytes on the host backend.
-fn runtime(bytes: u64) -> Result<(Runtime, Device, Context), String> {
-    let kind = match std::env::var("HETMEM_BACKEND") {
-        Ok(v) => BackendKind::parse(&v).map_err(e2s)?,
-        Err(_) => BackendKind::Host,
-    };
-    if kind == BackendKind::Host {
-        return crate::common::one_device(bytes);
-    }
-    let rt = crate::common::runtime_from_env(None)?;
-    let dev = rt.driver().device(0).ok_or("no device")?;
-    let ctx = rt.driver().create_context().map_err(e2s)?;
-    Ok((rt, dev, ctx))
-}
-
 fn stamp(i: usize) -> u64 {
     0x4845_544d_0000_0000 | i as u64
 }
@@ -175,7 +94,7 @@ fn end_stamp(i: usize) -> u64 {
 }
 
 pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
-    let (rt, dev, ctx) = runtime(2 << 30)?;
+    let (rt, dev, ctx) = crate::common::scene_runtime(None, 2 << 30)?;
     let host = rt.driver().backend_kind() == BackendKind::Host;
     let r = ctx.reserve(None, OBJECTS * OBJECT).map_err(e2s)?;
     let mut objs = Vec::new();
@@ -191,7 +110,7 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
         stamps.push((at + OBJECT - 8, end_stamp(i)));
         objs.push(o);
     }
-    Stamps::new(&ctx, &dev, 2 * OBJECTS)?.write(&stamps)?;
+    DeviceBytes::new(&ctx, &dev)?.write_words(&stamps)?;
     let imp = std::cell::RefCell::new(Importer::spawn()?);
     let mut rows = Vec::new();
 
@@ -365,8 +284,8 @@ fn raw_map_unmap(fd: std::os::fd::BorrowedFd<'_>, size: usize) -> Result<(), Str
 /// `hetmem bench ipc-importer`: the importer process of [`bench`]. Reads commands on stdin
 /// (`<cmd> <n>\n` followed by `n` 64-byte handles) and answers one `ok ...` line each.
 pub fn importer() -> Result<Vec<Row>, String> {
-    let (_rt, dev, ctx) = runtime(64 << 20)?;
-    let stamps = Stamps::new(&ctx, &dev, 2 * OBJECTS)?;
+    let (_rt, dev, ctx) = crate::common::scene_runtime(None, 64 << 20)?;
+    let stamps = DeviceBytes::new(&ctx, &dev)?;
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
     let mut out = std::io::stdout();
@@ -403,7 +322,7 @@ pub fn importer() -> Result<Vec<Row>, String> {
 
 fn open_verify(
     ctx: &Context,
-    stamps: &Stamps,
+    stamps: &DeviceBytes,
     hs: &[IpcHandle],
     range: bool,
 ) -> Result<String, String> {
@@ -421,7 +340,7 @@ fn open_verify(
         at.push(a);
         at.push(a + OBJECT - 8);
     }
-    let got = stamps.read(&at)?;
+    let got = stamps.read_words(&at)?;
     for i in 0..OBJECTS {
         let (v, w) = (got[2 * i], got[2 * i + 1]);
         if v != stamp(i) || w != end_stamp(i) {

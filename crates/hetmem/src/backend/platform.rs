@@ -87,6 +87,12 @@ pub(crate) fn shareable_identity(fd: BorrowedFd<'_>) -> Option<ShareableIdentity
     })
 }
 
+/// The major device number of `fd` if it is a character device (`fstat(2)`); `Err` says why
+/// it cannot be inspected.
+pub(crate) fn char_device_major(fd: BorrowedFd<'_>) -> std::result::Result<Option<u32>, String> {
+    hetmem_linux::broker::char_device_major(fd).map_err(|e| format!("fstat: {e}"))
+}
+
 /// A close-on-exec duplicate of `fd` (`fcntl(F_DUPFD_CLOEXEC)`); `what` names it in errors.
 pub(crate) fn dup(fd: BorrowedFd<'_>, what: &str) -> Result<OwnedFd> {
     Ok(hetmem_linux::dup(fd, what)?)

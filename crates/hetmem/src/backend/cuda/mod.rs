@@ -907,11 +907,9 @@ impl Backend for CudaBackend {
         // A CUDA shareable handle is a descriptor of /dev/nvidiactl (character device, major
         // 195; fstat(2)). Its size cannot be read: `cuMemMap` refuses a size other than the
         // allocation's, so a part smaller than claimed fails at open (nothing kept).
-        let st = rustix::fs::fstat(fd)
-            .map_err(|e| format!("a received fd cannot be inspected (fstat: {e})"))?;
-        let chr = rustix::fs::FileType::from_raw_mode(st.st_mode)
-            == rustix::fs::FileType::CharacterDevice;
-        if !chr || rustix::fs::major(st.st_rdev) != NVIDIA_MAJOR {
+        let major = super::platform::char_device_major(fd)
+            .map_err(|e| format!("a received fd cannot be inspected ({e})"))?;
+        if major != Some(NVIDIA_MAJOR) {
             return Err(
                 "a received fd is not a CUDA shareable handle (a descriptor of /dev/nvidiactl)"
                     .into(),
