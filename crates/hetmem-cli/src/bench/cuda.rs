@@ -343,6 +343,7 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
         "cuMemAlloc + cuMemFree (not exportable)",
     ));
 
+    rows.push(small_copies(args, &ctx, &dev)?);
     rows.extend(kv_growth(args, &ctx, &dev, page, &p)?);
     rows.push(managed_prefetch(args, &ctx, &dev)?);
 
@@ -660,5 +661,79 @@ fn managed_prefetch(args: &Args, ctx: &Context, dev: &Device) -> Result<Row, Str
         baseline_ns: Some(b),
         baseline: "cuMemcpyHtoD from pinned memory",
         target: Some(">= 0.8"),
+    })
+}
+
+/// Copies per batch in the small-copy row.
+const SMALL_COPIES: usize = 1024;
+
+/// [`SMALL_COPIES`] copies of 8 bytes from host USM memory to scattered places of one device
+/// allocation on an immediate command list, then one `host_synchronize` (what the KV-cache demo
+/// does for its tags), against as many `cuMemcpyAsync` on one stream and one
+/// `cuStreamSynchronize`; ns per copy.
+fn small_copies(args: &Args, ctx: &Context, dev: &Device) -> Result<Row, String> {
+    let n = SMALL_COPIES;
+    let stride = 4096usize;
+    let host = ctx.alloc_host(&AllocDesc::new(n * 8)).map_err(e2s)?;
+    let dst = ctx
+        .alloc_device(dev, &AllocDesc::new(n * stride))
+        .map_err(e2s)?;
+    let list = ctx.create_immediate_command_list(dev).map_err(e2s)?;
+    let mut stream = std::ptr::null_mut();
+    // SAFETY: a stream for the baseline.
+    unsafe { ok("cuStreamCreate", sys::cuStreamCreate(&mut stream, 1))? };
+    let rounds = args.iters.clamp(1, 16);
+    let r = alternate(
+        args.rounds,
+        || {
+            let t = Instant::now();
+            for _ in 0..rounds {
+                for i in 0..n {
+                    list.append_memory_copy(dst + i * stride, host + i * 8, 8, None, &[])
+                        .map_err(e2s)?;
+                }
+                list.host_synchronize(u64::MAX).map_err(e2s)?;
+            }
+            Ok(t.elapsed().as_nanos() as f64 / (rounds * n) as f64)
+        },
+        || {
+            let t = Instant::now();
+            // SAFETY: both ranges are live: host USM memory (pinned) and device memory.
+            unsafe {
+                for _ in 0..rounds {
+                    for i in 0..n {
+                        ok(
+                            "cuMemcpyAsync",
+                            sys::cuMemcpyAsync(
+                                (dst + i * stride) as u64,
+                                (host + i * 8) as u64,
+                                8,
+                                stream,
+                            ),
+                        )?;
+                    }
+                    ok("cuStreamSynchronize", sys::cuStreamSynchronize(stream))?;
+                }
+            }
+            Ok(t.elapsed().as_nanos() as f64 / (rounds * n) as f64)
+        },
+    );
+    // SAFETY: the baseline's stream, idle.
+    unsafe {
+        let _ = sys::cuStreamDestroy_v2(stream);
+    }
+    drop(list);
+    ctx.free_memory(dst).map_err(e2s)?;
+    ctx.free_memory(host).map_err(e2s)?;
+    let (h, b) = r?;
+    Ok(Row {
+        unit: Unit::Ns,
+        op: "copy 8 B host->device x1024",
+        size: "8 B",
+        key: "copy_small_h2d_batch".into(),
+        hetmem_ns: h,
+        baseline_ns: Some(b),
+        baseline: "cuMemcpyAsync x1024 + cuStreamSynchronize",
+        target: None,
     })
 }

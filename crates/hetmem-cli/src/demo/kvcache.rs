@@ -135,6 +135,10 @@ pub struct KvCache {
     /// Nanoseconds of every `ctx.map` / `ctx.unmap` call (one page each).
     pub map_ns: Vec<u64>,
     pub unmap_ns: Vec<u64>,
+    /// Nanoseconds spent writing tags in [`KvCache::extend`] (queueing their copies, where
+    /// staged) and checking them in [`KvCache::verify`] (copies waited for, where staged).
+    pub tag_write_ns: u64,
+    pub tag_check_ns: std::cell::Cell<u64>,
     /// For device memory the host cannot reach: the staging ring ([`Staging`]).
     staging: Option<std::cell::RefCell<Staging>>,
 }
@@ -237,6 +241,8 @@ impl KvCache {
             mapped_bytes: 0,
             map_ns: Vec::new(),
             unmap_ns: Vec::new(),
+            tag_write_ns: 0,
+            tag_check_ns: std::cell::Cell::new(0),
             staging: None,
         };
         if staged {
@@ -372,6 +378,16 @@ impl KvCache {
                 seq.pages[b].push(phys);
             }
         }
+        let t = Instant::now();
+        let r = self.write_new_tags(seq, tokens);
+        self.tag_write_ns += t.elapsed().as_nanos() as u64;
+        r?;
+        seq.tokens = tokens;
+        Ok(())
+    }
+
+    /// Writes the tags of tokens `seq.tokens..tokens` in every buffer (their pages are mapped).
+    fn write_new_tags(&self, seq: &Seq, tokens: u32) -> Result<(), Error> {
         let tb = self.layout.tok_bytes;
         for b in 0..self.nbufs() {
             let (layer, kv) = Self::buf_kv(b);
@@ -402,12 +418,19 @@ impl KvCache {
                 unsafe { std::slice::from_raw_parts_mut(base as *mut u8, tokens as usize * tb) };
             write_tags(slot, tb, seq.request, layer, kv, seq.tokens..tokens);
         }
-        seq.tokens = tokens;
         Ok(())
     }
 
     /// Checks every tag of `seq` in every buffer. Ok: the number of tags checked.
     pub fn verify(&self, seq: &Seq) -> Result<u64, BadTag> {
+        let t = Instant::now();
+        let r = self.check_all_tags(seq);
+        self.tag_check_ns
+            .set(self.tag_check_ns.get() + t.elapsed().as_nanos() as u64);
+        r
+    }
+
+    fn check_all_tags(&self, seq: &Seq) -> Result<u64, BadTag> {
         let tb = self.layout.tok_bytes;
         let n = seq.tokens as usize * tb;
         let bad = |b: usize, token: u32| {
