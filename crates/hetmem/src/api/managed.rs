@@ -414,14 +414,15 @@ impl Context {
     }
 
     /// For a side the host cannot reach: `None` if it is not memory of this driver (or the
-    /// backend's device memory is process memory, the host backend), else whether a device
-    /// can reach it with the access needed, as a queue operand is checked (the error names
-    /// what is wrong: past the end, a page not mapped, a READONLY page for a write).
+    /// backend's device memory is host-accessible, as on the host backend:
+    /// [`crate::backend::Backend::device_memory_host_accessible`]), else whether a device can
+    /// reach it with the access needed, as a queue operand is checked (the error names what
+    /// is wrong: past the end, a page not mapped, a READONLY page for a write).
     fn device_side(&self, p: usize, count: usize, write: bool) -> Option<Result<()>> {
-        if self.driver().backend_kind() == crate::BackendKind::Host {
+        let d = self.driver_shared();
+        if d.backend.device_memory_host_accessible() {
             return None;
         }
-        let d = self.driver_shared();
         let usm = d.usm.read();
         let vm = d.vm.read();
         let views = crate::ipc::views(d);

@@ -443,6 +443,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Host: exactly one part, whose fd it takes.
     fn import_physical(&self, parts: Vec<SharedPart>) -> Result<RawPhysical>;
 
+    /// Whether the host can read and write device memory (device USM allocations, physical
+    /// memory on a device mapped in a reservation) through its addresses. Host: yes (device
+    /// memory is process memory). CUDA: no (GPU memory; the host reaches it only through
+    /// engine copies), so host-synchronous calls on it go through an engine.
+    fn device_memory_host_accessible(&self) -> bool {
+        true
+    }
+
     /// Whether two shareable handles of the same memory can be recognised as such from the fds
     /// alone ([`Backend::shareable_identity`]). Host: yes (a memfd's device and inode).
     /// CUDA: no (every exported fd is a descriptor of `/dev/nvidiactl` with the same identity),

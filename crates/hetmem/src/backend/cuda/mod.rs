@@ -898,6 +898,10 @@ impl Backend for CudaBackend {
         false
     }
 
+    fn device_memory_host_accessible(&self) -> bool {
+        false
+    }
+
     fn shareable_identity(&self, _fd: BorrowedFd<'_>) -> Option<super::ipc::ShareableIdentity> {
         // Every exported fd is a descriptor of /dev/nvidiactl: fstat tells them apart by nothing.
         None
