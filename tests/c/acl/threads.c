@@ -1,6 +1,7 @@
 /* Many threads using the library at once: each has its own current device, stream, event and
  * memory; events recorded by one thread order another thread's stream; a context destroyed by
- * one thread makes another thread's calls fail cleanly. Data is checked throughout. */
+ * one thread makes another thread's calls fail cleanly. Data is checked throughout (device and
+ * mapped memory through copies). Thread `id` works on device id % (number of devices). */
 #include <pthread.h>
 #include <stdint.h>
 
@@ -14,10 +15,12 @@ static aclrtEvent shared_ev[THREADS];
 static void *shared_buf[THREADS];
 static pthread_barrier_t bar;
 static int managed_ok = 1;
+static int32_t ndev;
 
 static void *worker(void *arg) {
     int id = (int)(intptr_t)arg;
-    OK(aclrtSetDevice(id % 2));
+    const int32_t dev = id % ndev;
+    OK(aclrtSetDevice(dev));
     aclrtStream s = NULL;
     OK(aclrtCreateStream(&s));
     OK(aclrtCreateEvent(&shared_ev[id]));
@@ -51,7 +54,7 @@ static void *worker(void *arg) {
                 managed_ok = 0;
             } else {
                 OK(e);
-                OK(aclrtMemManagedPrefetchAsync(m, 2 * MIB, loc(ACL_MEM_LOCATIONTYPE_DEVICE, id % 2), 0, s));
+                OK(aclrtMemManagedPrefetchAsync(m, 2 * MIB, loc(ACL_MEM_LOCATIONTYPE_DEVICE, dev), 0, s));
                 OK(aclrtMemsetAsync(m, 2 * MIB, v, 2 * MIB, s));
                 OK(aclrtSynchronizeStream(s));
                 CHECK_EQ(((unsigned char *)m)[12345], v);
@@ -63,11 +66,16 @@ static void *worker(void *arg) {
         aclrtPhysicalMemProp prop;
         memset(&prop, 0, sizeof prop);
         prop.location.type = ACL_MEM_LOCATION_TYPE_DEVICE;
-        prop.location.id = (uint32_t)(id % 2);
-        OK(aclrtReserveMemAddress(&va, 2 * MIB, 0, NULL, 0));
-        OK(aclrtMallocPhysical(&ph, 2 * MIB, &prop, 0));
-        OK(aclrtMapMem(va, 2 * MIB, 0, ph, 0));
-        ((unsigned char *)va)[77] = v;
+        prop.location.id = (uint32_t)dev;
+        size_t g = 0;
+        OK(aclrtMemGetAllocationGranularity(&prop, ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED, &g));
+        OK(aclrtReserveMemAddress(&va, g, 0, NULL, 0));
+        OK(aclrtMallocPhysical(&ph, g, &prop, 0));
+        OK(aclrtMapMem(va, g, 0, ph, 0));
+        OK(aclrtMemset((unsigned char *)va + 77, 1, v, 1));
+        unsigned char back = (unsigned char)~v;
+        OK(aclrtMemcpy(&back, 1, (unsigned char *)va + 77, 1, ACL_MEMCPY_DEVICE_TO_HOST));
+        CHECK_EQ(back, v);
         EXPECT_CODE(aclrtFreePhysical(ph), ACL_ERROR_RT_PARAM_INVALID);
         OK(aclrtUnmapMem(va));
         OK(aclrtFreePhysical(ph));
@@ -89,6 +97,25 @@ static void *destroyer(void *arg) {
 
 int main(void) {
     OK(aclInit(NULL));
+    ndev = (int32_t)device_count();
+    /* The victim context's device: the second device, or device 0 where there is only one. */
+    const int32_t vdev = ndev >= 2 ? 1 : 0;
+    if (ndev < 2)
+        NA_PART("threads spread over two devices",
+                "only %d device (needs 2); all %d threads work on device 0", ndev, THREADS);
+    /* What one SZ allocation takes of its device (rounded up to its page size). */
+    size_t free0 = 0, free1 = 0, total = 0;
+    OK(aclrtSetDevice(vdev));
+    mem_info(&free0, &total);
+    void *probe = NULL;
+    OK(aclrtMalloc(&probe, SZ, ACL_MEM_MALLOC_HUGE_FIRST));
+    mem_info(&free1, &total);
+    const size_t charge = free0 - free1;
+    CHECK(charge >= SZ);
+    OK(aclrtFree(probe));
+    mem_info(&free1, &total);
+    CHECK_EQ(free1, free0);
+    OK(aclrtResetDevice(vdev));
     CHECK(pthread_barrier_init(&bar, NULL, THREADS) == 0);
     pthread_t t[THREADS];
     for (intptr_t i = 0; i < THREADS; i++)
@@ -96,7 +123,7 @@ int main(void) {
     for (int i = 0; i < THREADS; i++) CHECK(pthread_join(t[i], NULL) == 0);
 
     /* Another thread destroys this thread's current context: later calls fail cleanly. */
-    OK(aclrtCreateContext(&victim, 1));
+    OK(aclrtCreateContext(&victim, vdev));
     void *p = NULL;
     OK(aclrtMalloc(&p, SZ, ACL_MEM_MALLOC_HUGE_FIRST));
     pthread_t d;
@@ -106,11 +133,14 @@ int main(void) {
     MSG_HAS("destroyed");
     int32_t dev = -1;
     EXPECT_CODE(aclrtGetDevice(&dev), ACL_ERROR_RT_CONTEXT_NULL);
-    OK(aclrtSetDevice(1));
-    size_t free = 0, total = 0;
+    OK(aclrtSetDevice(vdev));
+    size_t free = 0;
     OK(aclrtGetMemInfo(ACL_HBM_MEM, &free, &total));
-    /* Only the workers' device buffers (4 on device 1) remain; the victim's memory is gone. */
-    CHECK_EQ(total - free, 4 * SZ / MIB * MIB);
+    /* Only the workers' device buffers on that device (4 of 8 with two devices) remain; the
+     * victim's memory is gone. */
+    int on_vdev = 0;
+    for (int i = 0; i < THREADS; i++) on_vdev += i % ndev == vdev;
+    CHECK_EQ(total - free, (size_t)on_vdev * charge);
     OK(aclFinalize());
     printf("threads ok (managed %s)\n", managed_ok ? "used" : "unavailable");
     return 0;
