@@ -452,9 +452,9 @@ fn gpu_work(
     gpu_device_work(ctx, &s, data, lut)?;
     s.synchronize().map_err(e2s)?;
     println!(
-        "  device work on each chunk (stream-ordered on GPU {}): prefetch to it, memset of the \
-         first {} to the chunk's tag, copy of {} of the lookup table, copy of the previous \
-         chunk's first {} over the last {}",
+        "  device work on each chunk (stream-ordered on GPU {}): prefetch to it, memset of its \
+         first {} to the chunk's tag, copy of {} of the lookup table after it, and from the \
+         second chunk on a copy of the previous chunk's first {} over its last {}",
         dev.ordinal(),
         human(TAGGED as u64),
         human(LUT_COPY as u64),
