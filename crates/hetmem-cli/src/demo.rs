@@ -164,21 +164,7 @@ pub fn run(args: Args) -> Result<(), String> {
             Scene::KvCache => run_kv_cache(&args)?,
             Scene::FreePolicies => free_policies::run(args.backend.as_deref())?,
             Scene::Ipc => ipc::run(args.backend.as_deref())?,
-            Scene::Managed => {
-                let chosen = args
-                    .backend
-                    .clone()
-                    .or_else(|| std::env::var("HETMEM_BACKEND").ok());
-                if let Some(k) = chosen.filter(|k| k != "host") {
-                    println!(
-                        "managed memory scene: on the host backend, not {k}: its subject is a \
-                         working set four times a modelled device's memory, evicted and faulted \
-                         back by the host engine (userfaultfd); on a GPU managed memory is the \
-                         driver's cuMemAllocManaged (`hetmem bench cuda`, tests/cuda_backend.rs)"
-                    );
-                }
-                managed::run()?
-            }
+            Scene::Managed => managed::run(args.backend.as_deref())?,
             Scene::All => unreachable!("not a scene of its own"),
         }
     }

@@ -1,6 +1,11 @@
 //! The `hetmem` command itself (issue 2): `hetmem info` prints the backend, driver, devices,
 //! page sizes and the configuration in force; `hetmem bench <group> --json FILE` writes every
 //! figure with `*_ratio` fields; bad input gives a clear error and a non-zero exit.
+//!
+//! Every `hetmem` here runs with the suite's `HETMEM_BACKEND` (see `common`). `info` reports
+//! that backend's runtime; the benchmark groups other than `cuda` set up the host backend
+//! themselves (their baselines are host system calls), and `cuda` always the GPU, so those
+//! tests are the same on every backend.
 
 mod common;
 
@@ -8,6 +13,9 @@ use common::hetmem;
 
 #[test]
 fn info_prints_backend_driver_devices_page_sizes_and_configuration() {
+    if common::skip() {
+        return;
+    }
     let (o, out, err) = hetmem(
         &["info"],
         &[
@@ -24,8 +32,83 @@ fn info_prints_backend_driver_devices_page_sizes_and_configuration() {
             .trim()
             .to_string()
     };
-    assert!(line("backend:").ends_with("host"), "{out}");
+    // What the runtime says with the same settings, on the suite's backend.
+    let rt = hetmem::Runtime::builder()
+        .backend(common::backend())
+        .host_devices(3)
+        .host_device_memory(256 << 20)
+        .host_max_alloc_size(64 << 20)
+        .build()
+        .expect("runtime");
+    let drv = rt.driver();
+    let ctx = drv.create_context().expect("context");
+    assert!(
+        line("backend:").ends_with(common::backend().name()),
+        "{out}"
+    );
     assert!(!line("driver:").trim_end().ends_with("driver:"), "{out}");
+    let n = drv.devices().len();
+    assert!(line("devices:").ends_with(&format!(" {n}")), "{out}");
+    for d in drv.devices() {
+        let l = line(&format!("[{}]", d.ordinal()));
+        let i = d.info();
+        let page = |size: usize| common::human(ctx.query_page_size(&d, size).unwrap() as u64);
+        assert!(
+            l.contains(&format!("capacity {}", common::human(i.capacity))),
+            "{l}"
+        );
+        assert!(
+            l.contains(&format!(
+                "largest single allocation {}",
+                common::human(i.max_alloc_size)
+            )),
+            "{l}"
+        );
+        assert!(
+            l.contains(&format!(
+                "page sizes {} (< 2 MiB) / {} (>= 2 MiB)",
+                page(1),
+                page(2 << 20)
+            )),
+            "{l}"
+        );
+        assert!(
+            l.ends_with(&format!("granularity {} B", i.min_page_size)),
+            "{l}"
+        );
+    }
+    assert!(
+        out.lines()
+            .all(|l| !l.trim_start().starts_with(&format!("[{n}]"))),
+        "{out}"
+    );
+    line("configuration:");
+    match std::env::var("HETMEM_BACKEND") {
+        Ok(v) => assert_eq!(line("HETMEM_BACKEND="), format!("HETMEM_BACKEND={v}")),
+        Err(_) => assert!(line("HETMEM_BACKEND=").contains("unset"), "{out}"),
+    }
+    // The HETMEM_HOST_* lines are the configuration of a runtime they shape, and only that.
+    let shaped = drv.host_config().is_some();
+    for var in [
+        "HETMEM_HOST_DEVICES=",
+        "HETMEM_HOST_DEVICE_MEMORY=",
+        "HETMEM_HOST_MAX_ALLOC=",
+    ] {
+        assert_eq!(
+            out.lines().any(|l| l.trim_start().starts_with(var)),
+            shaped,
+            "{var} in\n{out}"
+        );
+    }
+    if !shaped {
+        common::part_not_applicable(&format!(
+            "the host settings' figures (3 devices of 256 MiB, largest allocation 64 MiB, page \
+             sizes 64 KiB / 2 MiB, the HETMEM_HOST_* lines with their values): HETMEM_HOST_* \
+             shape the host backend's modelled devices only; this runtime's are the machine's \
+             ({n} device(s), no host configuration)"
+        ));
+        return;
+    }
     assert!(line("devices:").ends_with(" 3"), "{out}");
     for i in 0..3 {
         let d = line(&format!("[{i}]"));
@@ -40,8 +123,6 @@ fn info_prints_backend_driver_devices_page_sizes_and_configuration() {
         out.lines().all(|l| !l.trim_start().starts_with("[3]")),
         "{out}"
     );
-    line("configuration:");
-    assert!(line("HETMEM_BACKEND=").contains("unset"), "{out}");
     assert!(line("HETMEM_HOST_DEVICES=").starts_with("HETMEM_HOST_DEVICES=3 (env: 3)"));
     assert!(line("HETMEM_HOST_DEVICE_MEMORY=")
         .starts_with("HETMEM_HOST_DEVICE_MEMORY=268435456 (env: 256M)"));
@@ -142,12 +223,10 @@ fn bench_cuda_writes_ratios_on_a_gpu_and_says_why_not_elsewhere() {
         assert_eq!(o.status.code(), Some(1), "{out}\n{err}");
         assert!(err.contains("the cuda backend cannot start"), "{err}");
         assert!(!json.exists(), "a JSON file was written for a failed run");
-        use std::io::Write;
-        // Past the harness's capture, so the skip shows in a passing run too.
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED (cuda) bench cuda: {}",
-            err.trim()
+        // The GPU this bench needs is missing here, whatever backend the suite runs on.
+        common::skipped_for(
+            hetmem::BackendKind::Cuda,
+            &format!("hetmem bench cuda: {}", err.trim()),
         );
     } else {
         let v: serde_json::Value =
@@ -186,7 +265,8 @@ fn bench_unknown_group_fails_listing_every_group() {
 
 #[test]
 fn bench_ze_json_has_a_finite_ratio_and_added_ns_per_operation() {
-    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_hetmem"));
+    // The library is looked for next to the hetmem executable (as the bench itself does).
+    let exe = common::hetmem_bin();
     let dir = exe.parent().unwrap();
     let have_lib =
         dir.join("libze_hetmem.so").exists() || dir.join("deps/libze_hetmem.so").exists();
@@ -198,14 +278,11 @@ fn bench_ze_json_has_a_finite_ratio_and_added_ns_per_operation() {
         .status()
         .is_ok_and(|s| s.success());
     if !have_lib || !have_loader {
-        eprintln!(
-            "\n*** SKIP bench ze: {} ***\n",
-            if have_lib {
-                "libze_loader.so.1 is not installed"
-            } else {
-                "libze_hetmem.so is not built"
-            }
-        );
+        common::skipped(if have_lib {
+            "hetmem bench ze: libze_loader.so.1 is not installed"
+        } else {
+            "hetmem bench ze: libze_hetmem.so is not next to the hetmem executable (not built)"
+        });
         return;
     }
     let json = std::env::temp_dir().join(format!("hetmem-bench-ze-{}.json", std::process::id()));
@@ -265,12 +342,10 @@ fn bench_acl_json_has_a_ratio_and_the_added_ns_of_each_c_entry_point() {
         &[],
     );
     if !o.status.success() && err.contains("userfaultfd") {
-        // Past the test harness's capture, so the skip shows in a passing run too.
-        let _ = std::io::Write::write_fmt(
-            &mut std::io::stderr(),
-            format_args!("SKIPPED bench acl: managed memory unavailable here: {err}"),
-        );
-        let _ = std::io::Write::write_all(&mut std::io::stderr(), b"\n");
+        common::skipped(&format!(
+            "hetmem bench acl: managed memory unavailable here: {}",
+            err.trim()
+        ));
         return;
     }
     assert!(o.status.success(), "{out}\n{err}");
