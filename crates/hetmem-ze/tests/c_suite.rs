@@ -626,6 +626,6 @@ fn loader_intercept_mode_translates_handles() {
 }
 
 #[test]
-fn leak_check_of_ten_thousand_calls() {
+fn leak_check_of_thousands_of_calls() {
     loader_suite("leak");
 }
