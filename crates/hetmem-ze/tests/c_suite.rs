@@ -443,6 +443,8 @@ fn run(exe: &Path, validation: bool, env: &[(&str, &str)]) {
         .env_remove("ZE_ENABLE_PARAMETER_VALIDATION")
         .env_remove("HETMEM_ZE_VALIDATION")
         .env_remove("ZE_ENABLE_LOADER_INTERCEPT")
+        // fd 0 is /dev/null: direct.c asks the driver about fd 0 (a descriptor of no memory).
+        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     for (k, v) in env {
