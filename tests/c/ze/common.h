@@ -79,4 +79,148 @@ static const ze_host_mem_alloc_desc_t HOST_DESC = {ZE_STRUCTURE_TYPE_HOST_MEM_AL
 
 /* A handle value that is not null and was never given out. */
 #define BOGUS(T) ((T)(uintptr_t)0x7777000000001234ull)
+
+/* ---- Any conforming driver, any number of devices ------------------------------------------
+ * Device memory (zeMemAllocDevice, device physical memory mapped in a reservation, IPC views of
+ * either) is read and written only through command-list copies and fills: a driver need not
+ * make it reachable through host pointers (the cuda backend does not). Sizes come from the
+ * API's queries, the device count from zeDeviceGet. */
+
+/* The backend named by HETMEM_BACKEND (default host), for the not-applicable lines. */
+static const char *backend_name(void) {
+    const char *b = getenv("HETMEM_BACKEND");
+    return b && *b ? b : "host";
+}
+static const char *program_name(const char *file) {
+    const char *s = strrchr(file, '/');
+    return s ? s + 1 : file;
+}
+/* One loud line per check (or group of checks) that cannot apply here, with its reason, on
+ * stdout (the harness re-emits it past the test capture; scripts/gpu-suite counts it):
+ *   NOT APPLICABLE (<backend>) ze/<program>.c <what> [part]: <reason>
+ * <what> has no colon. */
+#define NOT_APPLICABLE(what, ...)                                                              \
+    do {                                                                                       \
+        printf("NOT APPLICABLE (%s) ze/%s %s [part]: ", backend_name(), program_name(__FILE__), \
+               what);                                                                          \
+        printf(__VA_ARGS__);                                                                   \
+        printf("\n");                                                                          \
+        fflush(stdout);                                                                        \
+    } while (0)
+
+/* Memory sizes in GiB, for the reasons. */
+static double gib(uint64_t bytes) { return (double)bytes / (double)(1ull << 30); }
+/* Filling a device (out-of-memory checks, "all capacity is back" checks) is done only on
+ * devices of at most this much memory. */
+#define FILL_LIMIT (1ull << 30)
+
+/* totalSize of a device's first memory (zeDeviceGetMemoryProperties). */
+static uint64_t device_memory(ze_device_handle_t dev) {
+    uint32_t n = 1;
+    ze_device_memory_properties_t mp = {ZE_STRUCTURE_TYPE_DEVICE_MEMORY_PROPERTIES};
+    MUST(zeDeviceGetMemoryProperties(dev, &n, &mp));
+    return mp.totalSize;
+}
+/* zeVirtualMemQueryPageSize for an allocation of `size` bytes on dev. */
+static size_t page_size(ze_context_handle_t ctx, ze_device_handle_t dev, size_t size) {
+    size_t p = 0;
+    MUST(zeVirtualMemQueryPageSize(ctx, dev, size, &p));
+    return p;
+}
+/* The last device (device 1 where there are two): checks that need a second device use it,
+ * and fall back to device 0 where there is one. */
+static ze_device_handle_t last_device(const env_t *e) { return e->dev[e->ndev - 1]; }
+
+/* Parses a byte count as hetmem's environment takes it: digits, optionally K/M/G/T. */
+static uint64_t parse_bytes(const char *s) {
+    char *end = NULL;
+    uint64_t v = strtoull(s, &end, 10);
+    switch (end && *end ? *end : 0) {
+    case 'K': case 'k': return v << 10;
+    case 'M': case 'm': return v << 20;
+    case 'G': case 'g': return v << 30;
+    case 'T': case 't': return v << 40;
+    default: return v;
+    }
+}
+/* The host backend's modelled devices, as the environment configures them
+ * (HETMEM_HOST_DEVICES, HETMEM_HOST_DEVICE_MEMORY: the harness sets both on the host backend
+ * only; they mean nothing to another backend). 1 with the values when configured, else 0. */
+static int modelled_devices(uint32_t *count, uint64_t *memory) {
+    const char *n = getenv("HETMEM_HOST_DEVICES"), *m = getenv("HETMEM_HOST_DEVICE_MEMORY");
+    if (!n || !m || strcmp(backend_name(), "host") != 0) return 0;
+    *count = (uint32_t)strtoul(n, NULL, 10);
+    *memory = parse_bytes(m);
+    return 1;
+}
+
+/* Device memory through the device: a synchronous immediate command list (each append has
+ * finished when it returns) and a host allocation to stage bytes through. */
+typedef struct {
+    ze_context_handle_t ctx;
+    ze_command_list_handle_t list;
+} dev_io_t;
+static dev_io_t dev_io(ze_context_handle_t ctx, ze_device_handle_t dev) {
+    dev_io_t io = {ctx, NULL};
+    ze_command_queue_desc_t qd = {ZE_STRUCTURE_TYPE_COMMAND_QUEUE_DESC, NULL, 0, 0, 0,
+                                  ZE_COMMAND_QUEUE_MODE_SYNCHRONOUS, ZE_COMMAND_QUEUE_PRIORITY_NORMAL};
+    MUST(zeCommandListCreateImmediate(ctx, dev, &qd, &io.list));
+    return io;
+}
+static void dev_io_done(dev_io_t *io) {
+    MUST(zeCommandListDestroy(io->list));
+    io->list = NULL;
+}
+/* Sets n bytes at p (any memory the device reaches) to c. */
+static ze_result_t dev_fill(dev_io_t *io, void *p, unsigned char c, size_t n) {
+    return zeCommandListAppendMemoryFill(io->list, p, &c, 1, n, NULL, 0, NULL);
+}
+/* Copies n bytes between host memory `host` (any: stack, malloc) and memory p the device
+ * reaches, through a host allocation; to_device says which way. */
+static ze_result_t dev_copy(dev_io_t *io, void *p, void *host, size_t n, int to_device) {
+    void *stage = NULL;
+    ze_result_t r = zeMemAllocHost(io->ctx, &HOST_DESC, n, 0, &stage);
+    if (r != ZE_RESULT_SUCCESS) return r;
+    if (to_device) {
+        memcpy(stage, host, n);
+        r = zeCommandListAppendMemoryCopy(io->list, p, stage, n, NULL, 0, NULL);
+    } else {
+        r = zeCommandListAppendMemoryCopy(io->list, stage, p, n, NULL, 0, NULL);
+        if (r == ZE_RESULT_SUCCESS) memcpy(host, stage, n);
+    }
+    ze_result_t f = zeMemFree(io->ctx, stage);
+    return r != ZE_RESULT_SUCCESS ? r : f;
+}
+static ze_result_t dev_read(dev_io_t *io, void *host, const void *p, size_t n) {
+    return dev_copy(io, (void *)p, host, n, 0);
+}
+static ze_result_t dev_write(dev_io_t *io, void *p, const void *host, size_t n) {
+    return dev_copy(io, p, (void *)host, n, 1);
+}
+/* The byte at p, read through the device; -1 (and a failure) if the copy fails. */
+#define DEV_BYTE(io, p) dev_byte_at(io, p, __FILE__, __LINE__)
+static int dev_byte_at(dev_io_t *io, const void *p, const char *file, int line) {
+    unsigned char b = 0;
+    ze_result_t r = dev_read(io, &b, p, 1);
+    if (r != ZE_RESULT_SUCCESS) {
+        fprintf(stderr, "FAIL %s:%d: reading a byte through the device = 0x%x\n", file, line, (unsigned)r);
+        failures++;
+        return -1;
+    }
+    return b;
+}
+/* 1 if all n bytes at p (read through the device) are c. */
+#define DEV_ALL(io, p, c, n) dev_all_at(io, p, c, n, __FILE__, __LINE__)
+static int dev_all_at(dev_io_t *io, const void *p, unsigned char c, size_t n, const char *file, int line) {
+    unsigned char *buf = malloc(n);
+    ze_result_t r = dev_read(io, buf, p, n);
+    int all = r == ZE_RESULT_SUCCESS;
+    if (!all) {
+        fprintf(stderr, "FAIL %s:%d: reading %zu bytes through the device = 0x%x\n", file, line, n, (unsigned)r);
+        failures++;
+    }
+    for (size_t i = 0; all && i < n; i++) all = buf[i] == c;
+    free(buf);
+    return all;
+}
 #endif

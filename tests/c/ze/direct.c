@@ -1,5 +1,6 @@
 /* Linked with -lze_hetmem (no loader): the calls and descriptors newer than the installed
- * 1.4 header and loader (declared by ze_hetmem.h), and the driver's own answers before init. */
+ * 1.4 header and loader (declared by ze_hetmem.h), and the driver's own answers before init.
+ * Physical memory sizes come from the page-size query. */
 #include "common.h"
 #include "ze_hetmem.h"
 #include <sys/mman.h>
@@ -62,8 +63,14 @@ int main(void) {
     ze_host_mem_alloc_desc_t hrl = {ZE_STRUCTURE_TYPE_HOST_MEM_ALLOC_DESC, &rl, 0};
     void *big = NULL;
     CHECK(zeMemAllocHost(e.ctx, &HOST_DESC, dp.maxMemAllocSize + 4096, 0, &big), ZE_RESULT_ERROR_UNSUPPORTED_SIZE);
-    OK(zeMemAllocHost(e.ctx, &hrl, dp.maxMemAllocSize + 4096, 0, &big));
-    OK(zeMemFree(e.ctx, big));
+    if (dp.maxMemAllocSize + 4096 <= FILL_LIMIT) {
+        OK(zeMemAllocHost(e.ctx, &hrl, dp.maxMemAllocSize + 4096, 0, &big));
+        OK(zeMemFree(e.ctx, big));
+    } else {
+        NOT_APPLICABLE("a host allocation over maxMemAllocSize with relaxed limits",
+                       "maxMemAllocSize is %.1f GiB: allocating more than it is not done in a test (needs <= 1 GiB)",
+                       gib(dp.maxMemAllocSize));
+    }
 
     /* import of system memory: the same pointer back, HOST_IMPORTED, read-only needs the flag */
     long pg = sysconf(_SC_PAGESIZE);
@@ -121,12 +128,20 @@ int main(void) {
     uint64_t fd = 0;
     OK(zeMemGetFileDescriptorFromIpcHandleExp(e.ctx, h, &fd));
     ze_ipc_mem_handle_t h2;
-    OK(zeMemGetIpcHandleFromFileDescriptorExp(e.ctx, fd, &h2));
-    EXPECT(memcmp(&h, &h2, sizeof h) == 0); /* an export's own fd gives that export back */
+    const ze_result_t fr = zeMemGetIpcHandleFromFileDescriptorExp(e.ctx, fd, &h2);
+    if (fr == ZE_RESULT_ERROR_UNSUPPORTED_FEATURE) {
+        /* documented where the driver's shareable fds do not identify their memory */
+        NOT_APPLICABLE("an export's handle rebuilt from its own fd",
+                       "zeMemGetIpcHandleFromFileDescriptorExp answers UNSUPPORTED_FEATURE: the driver's shareable "
+                       "fds do not identify their memory");
+    } else {
+        CHECK(fr, ZE_RESULT_SUCCESS);
+        EXPECT(memcmp(&h, &h2, sizeof h) == 0); /* an export's own fd gives that export back */
+    }
     CHECK(zeMemGetFileDescriptorFromIpcHandleExp(e.ctx, h, NULL), ZE_RESULT_ERROR_INVALID_NULL_POINTER);
     CHECK(zeMemGetIpcHandleFromFileDescriptorExp(e.ctx, fd, NULL), ZE_RESULT_ERROR_INVALID_NULL_POINTER);
     CHECK(zeMemGetIpcHandleFromFileDescriptorExp(e.ctx, (uint64_t)-1, &h2), ZE_RESULT_ERROR_INVALID_ARGUMENT);
-    CHECK(zeMemGetIpcHandleFromFileDescriptorExp(e.ctx, 0, &h2), ZE_RESULT_ERROR_INVALID_ARGUMENT); /* stdin: no memfd */
+    CHECK(zeMemGetIpcHandleFromFileDescriptorExp(e.ctx, 0, &h2), ZE_RESULT_ERROR_INVALID_ARGUMENT); /* stdin (/dev/null in the suite): no memory behind it */
     ze_ipc_mem_handle_t junk;
     memset(&junk, 0x11, sizeof junk);
     CHECK(zeMemGetFileDescriptorFromIpcHandleExp(e.ctx, junk, &fd), ZE_RESULT_ERROR_INVALID_ARGUMENT);
@@ -134,8 +149,9 @@ int main(void) {
     OK(zeMemPutIpcHandle(e.ctx, h));
     CHECK(zeMemPutIpcHandle(e.ctx, h), ZE_RESULT_ERROR_INVALID_ARGUMENT); /* already put */
 
-    /* the range descriptor's error paths */
-    const size_t M2 = 2 << 20;
+    /* the range descriptor's error paths; M2: a page of 2 MiB (2 MiB on the host backend and the
+     * GPUs hetmem runs on) */
+    const size_t M2 = page_size(e.ctx, e.dev[0], 2 << 20);
     ze_ipc_phys_mem_handle_range_ext_desc_t rd = {ZE_HETMEM_STYPE_IPC_PHYS_MEM_HANDLE_RANGE_EXT_DESC, NULL, 0};
     void *r = NULL;
     OK(zeVirtualMemReserve(e.ctx, NULL, 2 * M2, &r));
@@ -149,7 +165,7 @@ int main(void) {
     rd.size = 2 * M2;
     CHECK(zeMemGetIpcHandleWithProperties(e.ctx, r, &rd, &h), ZE_HETMEM_RESULT_ERROR_ADDRESS_NOT_FOUND); /* hole */
     CHECK(zeMemGetIpcHandleWithProperties(e.ctx, NULL, &rd, &h), ZE_RESULT_ERROR_INVALID_NULL_POINTER);
-    rd.size = 65536;
+    rd.size = page_size(e.ctx, e.dev[0], 1); /* a range of whole base pages (64 KiB; 2 MiB on a GPU) */
     CHECK(zeMemGetIpcHandleWithProperties(e.ctx, dm, &rd, &h), ZE_RESULT_ERROR_INVALID_ARGUMENT); /* USM */
     rd.size = M2;
     OK(zeMemGetIpcHandleWithProperties(e.ctx, r, &rd, &h));

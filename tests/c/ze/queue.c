@@ -1,6 +1,7 @@
 /* Command queues, regular and immediate command lists, event pools, events and fences through
  * the loader: copy, fill, barrier, signal / wait, close, reset, execute, synchronize, query;
- * the free policies of zeMemFreeExt on real queued copies; and the documented error paths. */
+ * the free policies of zeMemFreeExt on real queued copies; and the documented error paths.
+ * Device memory is written and read by the device only (copies and fills). */
 #include "common.h"
 #include <pthread.h>
 #include <time.h>
@@ -211,7 +212,7 @@ int main(void) {
     ze_command_queue_desc_t sd = qd;
     sd.mode = ZE_COMMAND_QUEUE_MODE_SYNCHRONOUS;
     ze_command_list_handle_t sl = NULL;
-    OK(zeCommandListCreateImmediate(e.ctx, e.dev[1], &sd, &sl));
+    OK(zeCommandListCreateImmediate(e.ctx, last_device(&e), &sd, &sl));
     memset(dst, 0, 64);
     OK(zeCommandListAppendMemoryCopy(sl, dst, src, 64, NULL, 0, NULL));
     EXPECT(memcmp(dst, src, 64) == 0);
@@ -224,7 +225,9 @@ int main(void) {
     ze_memory_free_ext_desc_t fdesc = {ZE_STRUCTURE_TYPE_MEMORY_FREE_EXT_DESC, NULL, 0};
     for (int policy = 0; policy < 3; policy++) {
         OK(zeMemAllocDevice(e.ctx, &DEV_DESC, N, 0, e.dev[0], &victim));
-        memset(victim, 0x11 * (policy + 1), N);
+        const unsigned char v = (unsigned char)(0x11 * (policy + 1));
+        OK(zeCommandListAppendMemoryFill(il, victim, &v, 1, N, NULL, 0, NULL)); /* device memory: by the device */
+        OK(list_sync(il, WAIT));
         memset(dst, 0, N);
         OK(zeEventHostReset(ev[1]));
         gate_ev = ev[1];
