@@ -535,15 +535,21 @@ impl World {
     }
 }
 
+/// Whether every device's memory is all free again (each device the runtime has: the two
+/// modelled ones on the host backend, the machine's GPUs on cuda).
 fn capacity_whole() -> bool {
     unsafe {
-        assert_eq!(setup::aclrtSetDevice(0), 0);
-        let (mut f, mut t) = (0usize, 0usize);
-        assert_eq!(memory::aclrtGetMemInfo(1, &mut f, &mut t), 0);
-        let whole0 = f == t;
-        assert_eq!(setup::aclrtSetDevice(1), 0);
-        assert_eq!(memory::aclrtGetMemInfo(1, &mut f, &mut t), 0);
-        whole0 && f == t
+        let mut n = 0u32;
+        assert_eq!(setup::aclrtGetDeviceCount(&mut n), 0);
+        assert!(n >= 1);
+        let mut whole = true;
+        for d in 0..n as i32 {
+            assert_eq!(setup::aclrtSetDevice(d), 0);
+            let (mut f, mut t) = (0usize, 0usize);
+            assert_eq!(memory::aclrtGetMemInfo(1, &mut f, &mut t), 0);
+            whole &= f == t;
+        }
+        whole
     }
 }
 

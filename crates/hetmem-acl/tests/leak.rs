@@ -36,9 +36,21 @@ fn ok(r: i32, what: &str) {
     }
 }
 
+/// The runtime's device count (two modelled devices on the host backend, as set below; the
+/// machine's GPUs on cuda).
+fn devices() -> i32 {
+    let mut n = 0u32;
+    ok(
+        unsafe { setup::aclrtGetDeviceCount(&mut n) },
+        "aclrtGetDeviceCount",
+    );
+    assert!(n >= 1);
+    n as i32
+}
+
 fn capacity_whole() {
     let (mut f, mut t) = (0usize, 0usize);
-    for d in 0..2 {
+    for d in 0..devices() {
         ok(setup::aclrtSetDevice(d), "aclrtSetDevice");
         ok(
             unsafe { memory::aclrtGetMemInfo(1, &mut f, &mut t) },
@@ -56,7 +68,7 @@ unsafe fn round(i: usize, managed: bool) -> usize {
         n += 1;
         ok(r, what);
     };
-    let dev = (i % 2) as i32;
+    let dev = (i % devices() as usize) as i32;
     call(setup::aclrtSetDevice(dev), "set device");
     let mut s: *mut c_void = null_mut();
     call(stream::aclrtCreateStream(&mut s), "create stream");

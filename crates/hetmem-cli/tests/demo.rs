@@ -381,7 +381,7 @@ fn demo_quiet_writes_nothing_on_stderr_and_the_same_report() {
     let labels = |s: &str| -> Vec<String> {
         s.lines()
             .filter(|l| !l.starts_with("map:") && !l.starts_with("unmap:"))
-            .filter(|l| !l.starts_with("throughput:"))
+            .filter(|l| !l.starts_with("throughput:") && !l.starts_with("time:"))
             .map(str::to_string)
             .collect()
     };

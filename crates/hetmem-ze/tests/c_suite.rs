@@ -426,19 +426,19 @@ fn run(exe: &Path, validation: bool, env: &[(&str, &str)]) {
         c.env_remove("HETMEM_HOST_DEVICES")
             .env_remove("HETMEM_HOST_DEVICE_MEMORY");
     }
+    // The folder of the driver chosen above first: cargo's LD_LIBRARY_PATH (target/release
+    // before target/release/deps) outranks a program's rpath, and would load a stale copy
+    // of libze_hetmem.so into the directly linked programs. Then the sysroot's loader.
+    let mut path = driver_lib().parent().unwrap().as_os_str().to_owned();
     if let Some(r) = sysroot() {
-        let lib = r.join("lib");
-        let path = match std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
-            Some(old) => {
-                let mut p = lib.into_os_string();
-                p.push(":");
-                p.push(old);
-                p
-            }
-            None => lib.into_os_string(),
-        };
-        c.env("LD_LIBRARY_PATH", path);
+        path.push(":");
+        path.push(r.join("lib"));
     }
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    c.env("LD_LIBRARY_PATH", path);
     c.env_remove("ZE_ENABLE_VALIDATION_LAYER")
         .env_remove("ZE_ENABLE_PARAMETER_VALIDATION")
         .env_remove("HETMEM_ZE_VALIDATION")

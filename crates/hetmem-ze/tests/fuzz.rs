@@ -471,10 +471,14 @@ fn count_fds() -> usize {
 
 #[test]
 fn random_calls_never_crash_panic_or_leak() {
-    std::env::set_var("HETMEM_BACKEND", "host");
-    std::env::set_var("HETMEM_HOST_DEVICES", "2");
-    std::env::set_var("HETMEM_HOST_DEVICE_MEMORY", "256M");
-    std::env::remove_var("HETMEM_HOST_MAX_ALLOC");
+    // The suite's backend (HETMEM_BACKEND, the host backend by default); on the host backend
+    // two modelled devices of 256 MiB.
+    let backend = std::env::var("HETMEM_BACKEND").unwrap_or_else(|_| "host".into());
+    if backend == "host" {
+        std::env::set_var("HETMEM_HOST_DEVICES", "2");
+        std::env::set_var("HETMEM_HOST_DEVICE_MEMORY", "256M");
+        std::env::remove_var("HETMEM_HOST_MAX_ALLOC");
+    }
     let prev = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |i| {
         PANICKED.store(true, Ordering::SeqCst);
@@ -485,8 +489,10 @@ fn random_calls_never_crash_panic_or_leak() {
         let mut drv: H = std::ptr::null_mut();
         let mut n = 1u32;
         assert_eq!(zeDriverGet(&mut n, &mut drv), 0);
-        let mut devs = [std::ptr::null_mut(); 2];
-        let mut nd = 2u32;
+        let mut nd = 0u32;
+        assert_eq!(zeDeviceGet(drv, &mut nd, std::ptr::null_mut()), 0);
+        assert!(nd >= 1);
+        let mut devs = vec![std::ptr::null_mut(); nd as usize];
         assert_eq!(zeDeviceGet(drv, &mut nd, devs.as_mut_ptr()), 0);
         // Warm-up: the first export starts the process's IPC broker (one socket for the life
         // of the process), which is not a leak.
@@ -534,7 +540,8 @@ fn random_calls_never_crash_panic_or_leak() {
         println!("fuzz: {cases} sequences, {calls} calls into the C entry points");
         assert!(!PANICKED.load(Ordering::SeqCst));
         assert_eq!(count_fds(), fds0, "fds leaked");
-        // Device capacity is all back: two maximal allocations fill each device.
+        // Device capacity is all back: two maximal allocations (half a device each) fill each
+        // device.
         let ctx = {
             let d = ze_context_desc_t {
                 stype: ZE_STRUCTURE_TYPE_CONTEXT_DESC,
@@ -551,10 +558,30 @@ fn random_calls_never_crash_panic_or_leak() {
             flags: 0,
             ordinal: 0,
         };
-        for d in devs {
+        for (i, &d) in devs.iter().enumerate() {
+            let mut mp: ze_device_memory_properties_t = std::mem::zeroed();
+            mp.stype = ZE_STRUCTURE_TYPE_DEVICE_MEMORY_PROPERTIES;
+            let mut n = 1u32;
+            assert_eq!(zeDeviceGetMemoryProperties(d, &mut n, &mut mp), 0);
+            let total = mp.totalSize;
+            if total > 1 << 30 {
+                // Past the test harness's capture, so the line shows in a passing run too.
+                let _ = std::io::Write::write_fmt(
+                    &mut std::io::stderr(),
+                    format_args!(
+                        "NOT APPLICABLE ({backend}) random_calls_never_crash_panic_or_leak \
+                         [part]: device {i}'s capacity all back (two allocations of half of \
+                         it): device memory is {:.1} GiB, filling it is not done in a test \
+                         (needs <= 1 GiB)\n",
+                        total as f64 / (1u64 << 30) as f64
+                    ),
+                );
+                continue;
+            }
+            let half = (total / 2) as usize;
             let (mut a, mut b): (H, H) = (std::ptr::null_mut(), std::ptr::null_mut());
-            assert_eq!(zeMemAllocDevice(ctx, &dd, 128 << 20, 0, d, &mut a), 0);
-            assert_eq!(zeMemAllocDevice(ctx, &dd, 128 << 20, 0, d, &mut b), 0);
+            assert_eq!(zeMemAllocDevice(ctx, &dd, half, 0, d, &mut a), 0);
+            assert_eq!(zeMemAllocDevice(ctx, &dd, half, 0, d, &mut b), 0);
         }
         assert_eq!(zeContextDestroy(ctx), 0);
     }

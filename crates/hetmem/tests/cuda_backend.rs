@@ -817,6 +817,49 @@ fn host_synchronous_memset_and_memcpy_reach_device_memory_through_the_device() {
     ctx.free_memory(d).unwrap();
 }
 
+/// ACL's host-synchronous `aclrtMemcpy` between managed memory and GPU memory the host cannot
+/// reach (`Context::host_memcpy` with one managed side): the device copies, the managed pages
+/// are then on the device in hetmem's record, and the bytes arrive both ways; a device side
+/// past its allocation is refused with nothing copied.
+#[test]
+fn host_synchronous_memcpy_between_managed_and_device_memory_goes_through_the_device() {
+    use hetmem::RangeAttribute;
+    let Some(rt) = cuda("host-synchronous memcpy between managed and device memory") else {
+        return;
+    };
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device_ref(0).unwrap();
+    let m = ctx.alloc_managed(2 << 20, 1).unwrap();
+    let d = ctx.alloc_device(dev, &AllocDesc::new(2 << 20)).unwrap();
+    // SAFETY: `m` is a live managed allocation of 2 MiB, host-accessible.
+    let host = unsafe { std::slice::from_raw_parts_mut(m as *mut u8, 4096) };
+    for (i, b) in host.iter_mut().enumerate() {
+        *b = (i * 13) as u8;
+    }
+    let want: Vec<u8> = host.to_vec();
+    // SAFETY: both are live allocations of this context, nothing else uses them.
+    unsafe { ctx.host_memcpy(d + 64, m, 4096) }.unwrap();
+    assert_eq!(read_back(&ctx, &rt, d + 64, 4096), want);
+    fill(&ctx, &rt, d, &[0xc3], 4096);
+    // SAFETY: as above.
+    unsafe { ctx.host_memcpy(m + 8192, d, 4096) }.unwrap();
+    assert_eq!(
+        ctx.managed_attr_i32(RangeAttribute::LastPrefetchLocation, m, 2 << 20)
+            .unwrap(),
+        -2,
+        "a copy is not a prefetch"
+    );
+    // SAFETY: `m` is live managed memory; the device copy has finished.
+    let back = unsafe { std::slice::from_raw_parts((m + 8192) as *const u8, 4096) };
+    assert!(back.iter().all(|&b| b == 0xc3));
+    // A device side running past its allocation: refused, nothing copied.
+    // SAFETY: refused before anything runs.
+    let err = unsafe { ctx.host_memcpy(d + (2 << 20) - 8, m, 64) }.unwrap_err();
+    assert!(err.message().contains("runs past"), "{err}");
+    ctx.free_memory(d).unwrap();
+    ctx.free_managed(m).unwrap();
+}
+
 /// ACL's read-mostly rule on the GPU: a range advised read-mostly may then be given a device
 /// as its preferred location (a read-only copy goes there), although its pages are on the host;
 /// without read-mostly the same advice on host pages is refused with 107000.

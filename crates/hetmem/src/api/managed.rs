@@ -294,8 +294,11 @@ impl Context {
     /// calling thread, a host access: managed pages migrate to the host. Each side is managed
     /// memory (inside one managed allocation) or plain process memory that is mapped readable
     /// (`src`) / writable (`dst`) for the whole range, checked against `/proc/self/maps`: host
-    /// buffers, USM host / device / shared allocations, imports (on this backend device memory
-    /// is process memory). At least one side must be managed.
+    /// buffers, USM host / device / shared allocations, imports. A plain side the host cannot
+    /// reach that is device memory of this driver (the cuda backend's device allocations,
+    /// mappings and views) is checked as a queue operand, held against frees, and the copy is
+    /// then done by device 0 (`ManagedResidency::device_copy`, synchronously), so the managed
+    /// pages go to the device instead. At least one side must be managed.
     ///
     /// Errors (nothing copied): `ACL_ERROR_INVALID_PARAM` (100000); `ACL_ERROR_RT_PARAM_INVALID` (107000) for a
     /// managed range running past its allocation, a plain range that is not mapped with the
@@ -305,7 +308,9 @@ impl Context {
             return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
         }
         let core = self.managed()?;
-        {
+        // A plain side that is not process memory mapped with the access needed, with why.
+        let mut unreachable = None;
+        let (dm, sm) = {
             let st = core.state.lock();
             let dm = core.find(&st, dst).is_some();
             let sm = core.find(&st, src).is_some();
@@ -340,9 +345,47 @@ impl Context {
                             ),
                         ));
                     }
-                    check_process_memory(self.driver_shared().backend.as_ref(), p, count, write)?;
+                    if let Err(e) =
+                        check_process_memory(self.driver_shared().backend.as_ref(), p, count, write)
+                    {
+                        unreachable = Some((p, write, e));
+                    }
                 }
             }
+            (dm, sm)
+        };
+        if let Some((p, write, host_err)) = unreachable {
+            // Not process memory: device memory of this driver is copied by a device.
+            match self.device_side(p, count, write) {
+                None => return Err(host_err),
+                Some(Err(e)) => return Err(e),
+                Some(Ok(())) => {}
+            }
+            let d = self.driver_shared_arc();
+            let _held = crate::semantics::queue::hold(
+                d,
+                crate::semantics::queue::Operand {
+                    ptr: p,
+                    size: count,
+                    write,
+                },
+            )
+            .map_err(|e| Error::Acl(AclCode::RtParamInvalid, e.message().to_string()))?;
+            return core
+                .res
+                .device_copy(
+                    0,
+                    DeviceOperand {
+                        addr: dst,
+                        managed: dm,
+                    },
+                    DeviceOperand {
+                        addr: src,
+                        managed: sm,
+                    },
+                    count,
+                )
+                .map_err(residency_error);
         }
         // SAFETY: managed sides are inside live managed allocations (no lock is held here);
         // plain sides are mapped with the access needed.

@@ -277,20 +277,7 @@ impl CommandQueue {
     ///
     /// Errors: as an append: `InvalidNullPointer`, `InvalidArgument`.
     pub(crate) fn hold_operand(&self, ptr: usize, size: usize, write: bool) -> Result<HeldOperand> {
-        let d = &self.sub.driver;
-        let usm = d.usm.read();
-        let vm = d.vm.read();
-        let views = crate::ipc::views(d);
-        // As `check_all`: the reservation's gate, so no set-access slips in (see
-        // `crate::semantics::access`).
-        let gates = vm.gates_for([ptr]);
-        let _held: Vec<_> = gates.iter().map(|p| p.exclusive()).collect();
-        let r = check_operand(&usm, &vm, &views, Operand { ptr, size, write })?;
-        d.inflight.acquire(&[r]);
-        Ok(HeldOperand {
-            driver: d.clone(),
-            r,
-        })
+        crate::semantics::queue::hold(&self.sub.driver, Operand { ptr, size, write })
     }
 }
 

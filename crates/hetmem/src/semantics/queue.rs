@@ -602,24 +602,11 @@ pub(crate) fn device_sync_op(
     device_sides: &[Operand],
     op: EngineOp,
 ) -> Result<()> {
-    let held = {
-        let usm = d.usm.read();
-        let vm = d.vm.read();
-        let views = crate::ipc::views(d);
-        let gates = vm.gates_for(device_sides.iter().map(|o| o.ptr));
-        let _held: Vec<_> = gates.iter().map(|p| p.exclusive()).collect();
-        let mut ids = Vec::with_capacity(device_sides.len());
-        for &o in device_sides {
-            ids.push(check_operand(&usm, &vm, &views, o)?);
-        }
-        d.inflight.acquire(&ids);
-        ids
-    };
-    let release = |ids: &[InFlightRef]| {
-        for p in d.inflight.release(ids) {
-            p.finish(d.backend.as_ref());
-        }
-    };
+    // Released (and a free waiting on them finished) when they drop, after the operation.
+    let _held = device_sides
+        .iter()
+        .map(|&o| hold(d, o))
+        .collect::<Result<Vec<HeldOperand>>>()?;
     let run = || -> Result<()> {
         let mut engine = d.sync_engine.lock();
         if engine.is_none() {
@@ -640,9 +627,26 @@ pub(crate) fn device_sync_op(
             None => Ok(()),
         }
     };
-    let r = run();
-    release(&held);
-    r
+    run()
+}
+
+/// Checks `o` as a queue operand ([`check_operand`], under the reservation's gate so that no
+/// set-access slips in, see `crate::semantics::access`) and holds it in flight until the
+/// returned guard drops, so a free of its memory waits.
+///
+/// Errors: those of [`check_operand`] (`InvalidArgument`, `InvalidNullPointer`).
+pub(crate) fn hold(d: &Arc<DriverShared>, o: Operand) -> Result<HeldOperand> {
+    let usm = d.usm.read();
+    let vm = d.vm.read();
+    let views = crate::ipc::views(d);
+    let gates = vm.gates_for([o.ptr]);
+    let _held: Vec<_> = gates.iter().map(|p| p.exclusive()).collect();
+    let r = check_operand(&usm, &vm, &views, o)?;
+    d.inflight.acquire(&[r]);
+    Ok(HeldOperand {
+        driver: d.clone(),
+        r,
+    })
 }
 
 /// An operand's in-flight reference, released on drop ([`CommandQueue::hold_operand`]).
