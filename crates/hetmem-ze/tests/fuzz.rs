@@ -469,6 +469,22 @@ fn count_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
+/// What each open fd refers to, for a failure message.
+fn fd_targets() -> Vec<String> {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| {
+            let t = std::fs::read_link(e.path()).map(|p| p.display().to_string());
+            format!(
+                "{}: {}",
+                e.file_name().to_string_lossy(),
+                t.unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn random_calls_never_crash_panic_or_leak() {
     // The suite's backend (HETMEM_BACKEND, the host backend by default); on the host backend
@@ -504,7 +520,33 @@ fn random_calls_never_crash_panic_or_leak() {
             run(&mut p, &Op::ContextCreate);
             run(&mut p, &Op::AllocHost(2, 2));
             run(&mut p, &Op::IpcGetOpenClose(2, 2));
-            let _ = zeContextDestroy(p.ctx[0]);
+            // Every other kind of call once as well: a GPU driver opens some descriptors of
+            // its own on a process's first use of a feature (device or shared memory, an
+            // export of device memory, streams and events) and keeps them.
+            for o in [
+                Op::AllocDevice(1, 1, 1, 1),
+                Op::AllocShared(1, 1),
+                Op::IpcGetOpenClose(1, 1),
+                Op::Reserve(1, 1),
+                Op::PhysCreate(1, 1, 0),
+                Op::Map(1, 1, 1, 1, 0),
+                Op::QueueCreate(1, 1, 0),
+                Op::ListCreate(1, 1, true),
+                Op::Copy(1, 1, 1, 1),
+                Op::Fill(1, 1, 1, 1),
+                Op::ListCreate(1, 1, false),
+                Op::Copy(1, 1, 1, 1),
+                Op::Close(1),
+                Op::Execute(1, 1),
+                Op::Sync(1),
+                Op::PoolEvent(1, 0),
+                Op::EventCall(1, 1),
+            ] {
+                run(&mut p, &o);
+            }
+            for c in p.ctx.clone() {
+                let _ = zeContextDestroy(c);
+            }
         }
         let live0 = ze_hetmem::rt::live_handles();
         let fds0 = count_fds();
@@ -539,7 +581,12 @@ fn random_calls_never_crash_panic_or_leak() {
         let calls = CALLS.load(Ordering::Relaxed);
         println!("fuzz: {cases} sequences, {calls} calls into the C entry points");
         assert!(!PANICKED.load(Ordering::SeqCst));
-        assert_eq!(count_fds(), fds0, "fds leaked");
+        assert_eq!(
+            count_fds(),
+            fds0,
+            "fds leaked; open now: {:?}",
+            fd_targets()
+        );
         // Device capacity is all back: two maximal allocations (half a device each) fill each
         // device.
         let ctx = {
