@@ -860,6 +860,44 @@ fn host_synchronous_memcpy_between_managed_and_device_memory_goes_through_the_de
     ctx.free_managed(m).unwrap();
 }
 
+/// Stream work (`Stream::launch`) on the cuda backend is a host function in stream order: it
+/// sees what the device wrote before it, its writes are what the device reads after it, and
+/// hetmem's record puts the pages it used on the host afterwards (the driver migrated them).
+#[test]
+fn launched_stream_work_runs_in_order_on_the_host_and_is_recorded_there() {
+    use hetmem::Location;
+    let Some(rt) = cuda("launched stream work") else {
+        return;
+    };
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device_ref(0).unwrap();
+    let m = ctx.alloc_managed(4 << 20, 1).unwrap();
+    let s = ctx.create_stream(dev).unwrap();
+    ctx.mem_prefetch(m, 4 << 20, Location::Device(0), 0, &s)
+        .unwrap();
+    s.memset_async(m, 0x21, 4096).unwrap();
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(0));
+    let seen2 = seen.clone();
+    s.launch(&[(m, 4096, true)], move |b| {
+        // SAFETY: the buffer is 4096 bytes of live managed memory.
+        let buf = unsafe { std::slice::from_raw_parts_mut(b[0].ptr, b[0].len) };
+        seen2.store(buf[4095], std::sync::atomic::Ordering::SeqCst);
+        buf[0] = 0x42;
+    })
+    .unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 0x21);
+    let r = ctx.managed_residency(m).unwrap();
+    assert!(r.host && r.devices.is_empty(), "{r:?}");
+    // The device's copy after it reads what it wrote.
+    s.memcpy_async(m + (2 << 20), m, 8).unwrap();
+    s.synchronize().unwrap();
+    // SAFETY: live managed memory; the stream is idle.
+    let copied = unsafe { std::slice::from_raw_parts((m + (2 << 20)) as *const u8, 8) };
+    assert_eq!(copied, [0x42, 0x21, 0x21, 0x21, 0x21, 0x21, 0x21, 0x21]);
+    ctx.free_managed(m).unwrap();
+}
+
 /// ACL's read-mostly rule on the GPU: a range advised read-mostly may then be given a device
 /// as its preferred location (a read-only copy goes there), although its pages are on the host;
 /// without read-mostly the same advice on host pages is refused with 107000.

@@ -179,6 +179,10 @@ impl Stream {
     /// for a host thread that touches its own buffers through the managed pointer, nor call
     /// hetmem functions that move them (each would wait for the other).
     ///
+    /// On the cuda backend, which runs no kernels, `work` is a host function in stream order:
+    /// it gets the managed addresses themselves, the driver migrates the pages it touches to
+    /// the host, and hetmem's residency record says so afterwards (nothing is pinned).
+    ///
     /// Errors (nothing queued): `InvalidNullPointer`; `AddressNotFound`. At run time (reported
     /// by [`Stream::synchronize`]): `OutOfDeviceMemory` if the buffers do not fit in the device
     /// together (`work` does not run); `Unknown` if `work` panicked (the stream stays usable).

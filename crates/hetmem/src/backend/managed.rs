@@ -298,8 +298,10 @@ pub trait ManagedResidency: Send + Sync + std::fmt::Debug {
     /// ([`ResidencyError::DeviceFull`] otherwise). Host faults on pinned pages wait for the
     /// release.
     ///
-    /// CUDA: nearly nothing: the device pointer is the managed pointer and the driver faults
-    /// pages in on access (optionally a `cuMemPrefetchAsync` to the device on the stream).
+    /// CUDA: a check only: the device pointer is the managed pointer and the driver faults
+    /// pages in on access. The cuda backend runs no kernels, so the work
+    /// ([`crate::managed::Stream::launch`]) is a host function there and the pages it touches
+    /// migrate to the host: [`ManagedResidency::release`] records them there.
     fn prepare(&self, device: u32, buffers: &[WorkBuffer]) -> ResidencyResult<Vec<usize>>;
 
     /// Ends device work prepared with [`ManagedResidency::prepare`] (the same `buffers`): the

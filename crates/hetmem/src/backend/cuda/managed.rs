@@ -358,20 +358,26 @@ impl ManagedResidency for CudaManaged {
         Ok(())
     }
 
-    fn prepare(&self, device: u32, buffers: &[WorkBuffer]) -> ResidencyResult<Vec<usize>> {
+    fn prepare(&self, _device: u32, buffers: &[WorkBuffer]) -> ResidencyResult<Vec<usize>> {
         for &(p, l, _) in buffers {
             if !self.is_managed(p, l) {
                 return Err(ResidencyError::NotManaged(format!(
                     "[{p:#x}, +{l:#x}) is not inside a live managed allocation"
                 )));
             }
-            self.note(p, l, Place::Device(device));
         }
-        // The device reaches managed memory at the same address; the driver faults it in.
+        // Work between prepare and release is a host function here (this backend runs no
+        // kernels): it reaches managed memory at the same address, where the driver migrates
+        // the pages it touches to the host. So nothing moves now, and `release` records them
+        // on the host.
         Ok(buffers.iter().map(|b| b.0).collect())
     }
 
-    fn release(&self, _buffers: &[WorkBuffer]) {}
+    fn release(&self, buffers: &[WorkBuffer]) {
+        for &(p, l, _) in buffers {
+            self.note(p, l, Place::Host);
+        }
+    }
 
     fn device_copy(
         &self,
