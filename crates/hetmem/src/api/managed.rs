@@ -301,8 +301,8 @@ impl Context {
     /// buffers, USM host / device / shared allocations, imports. A plain side the host cannot
     /// reach that is device memory of this driver (the cuda backend's device allocations,
     /// mappings and views) is checked as a queue operand, held against frees, and the copy is
-    /// then done by device 0 (`ManagedResidency::device_copy`, synchronously), so the managed
-    /// pages go to the device instead. At least one side must be managed.
+    /// then done by the device that owns it (`ManagedResidency::device_copy`, synchronously),
+    /// so the managed pages go to that device instead. At least one side must be managed.
     ///
     /// Errors (nothing copied): `ACL_ERROR_INVALID_PARAM` (100000); `ACL_ERROR_RT_PARAM_INVALID` (107000) for a
     /// managed range running past its allocation, a plain range that is not mapped with the
@@ -375,10 +375,11 @@ impl Context {
                 },
             )
             .map_err(|e| Error::Acl(AclCode::RtParamInvalid, e.message().to_string()))?;
+            let device = crate::semantics::queue::owning_device(d, p).unwrap_or(0);
             return core
                 .res
                 .device_copy(
-                    0,
+                    device,
                     DeviceOperand {
                         addr: dst,
                         managed: dm,
@@ -404,8 +405,9 @@ impl Context {
     /// / shared allocations, imports, mapped virtual memory, opened IPC views (on the host
     /// backend device memory is process memory). A side the host cannot reach that is device
     /// memory of this driver (the cuda backend's device allocations, mappings and views) is
-    /// copied by device 0's engine instead, checked as a queue operand and held against frees
-    /// until the copy has run; the other side may then be any host memory. A `count` of 0
+    /// copied by the engine of the device that owns it instead (device 0 for a view), checked
+    /// as a queue operand and held against frees until the copy has run; the other side may
+    /// then be any host memory. A `count` of 0
     /// copies nothing (the pointers are still checked for null). Works where managed memory is
     /// unavailable.
     ///
@@ -495,7 +497,7 @@ impl Context {
     /// Host-synchronous `aclrtMemset` of `count` bytes at `ptr` to `value`, any memory: managed
     /// memory as [`Context::managed_memset`], otherwise plain process memory mapped writable
     /// for the whole range, or device memory of this driver the host cannot reach, filled by
-    /// device 0's engine (as [`Context::host_memcpy`]).
+    /// engine of the device that owns it (as [`Context::host_memcpy`]).
     ///
     /// Errors (nothing written): `ACL_ERROR_INVALID_PARAM` (100000) for a null pointer;
     /// `ACL_ERROR_RT_PARAM_INVALID` (107000) for a range not mapped writable, running into

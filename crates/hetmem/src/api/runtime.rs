@@ -165,7 +165,7 @@ impl RuntimeBuilder {
             inflight: crate::semantics::inflight::InFlight::default(),
             managed,
             ipc_max_range_pieces: self.ipc_max_range_pieces,
-            sync_engine: parking_lot::Mutex::new(None),
+            sync_engines: parking_lot::Mutex::new(Default::default()),
         });
         Ok(Runtime {
             driver: Driver::new(shared),

@@ -33,9 +33,11 @@ pub(crate) struct DriverShared {
     pub(crate) managed: crate::semantics::managed::ManagedState,
     /// [`RuntimeBuilder::ipc_max_range_pieces`].
     pub(crate) ipc_max_range_pieces: usize,
-    /// The engine of the host-synchronous copies and fills that reach memory the host cannot
-    /// ([`DriverShared::device_sync_op`]), made on first use; one at a time.
-    pub(crate) sync_engine: parking_lot::Mutex<Option<Box<dyn crate::backend::Engine>>>,
+    /// The engines of the host-synchronous copies and fills that reach memory the host cannot
+    /// ([`crate::semantics::queue::device_sync_op`]), by device ordinal, each made on first
+    /// use; one operation at a time.
+    pub(crate) sync_engines:
+        parking_lot::Mutex<std::collections::HashMap<u32, Box<dyn crate::backend::Engine>>>,
 }
 
 /// Takes the driver's `vm` write lock once no queued or running work references any of the

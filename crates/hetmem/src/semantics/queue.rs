@@ -587,9 +587,9 @@ impl Submitter {
     }
 }
 
-/// Runs one copy or fill on device 0's engine and waits for it: a host-synchronous call
-/// (ACL's `aclrtMemcpy` / `aclrtMemset`) whose memory the host cannot reach (device memory
-/// on the cuda backend). `device_sides` are the operands that must be memory this driver
+/// Runs one copy or fill on the engine of the device that owns the first device side (device
+/// 0 if none does) and waits for it: a host-synchronous call (ACL's `aclrtMemcpy` /
+/// `aclrtMemset`) whose memory the host cannot reach (device memory on the cuda backend). `device_sides` are the operands that must be memory this driver
 /// knows, checked as a queue's are ([`check_operand`]: live, inside
 /// its allocation, reservation pages mapped with the access needed) and held in flight
 /// until the operation has run, so a concurrent free waits for it; the caller has checked
@@ -607,27 +607,38 @@ pub(crate) fn device_sync_op(
         .iter()
         .map(|&o| hold(d, o))
         .collect::<Result<Vec<HeldOperand>>>()?;
-    let run = || -> Result<()> {
-        let mut engine = d.sync_engine.lock();
-        if engine.is_none() {
-            *engine = Some(d.backend.create_engine(0)?);
-        }
-        let sync = d.backend.create_sync()?;
-        // SAFETY: the device sides are live and held in flight (above) until released
-        // below, after the signal; the host sides are the caller's, as its contract says.
-        unsafe {
-            engine
-                .as_ref()
-                .expect("made above")
-                .submit(vec![op, EngineOp::Signal(sync.clone())])
-        };
-        sync.wait_ns(u64::MAX);
-        match engine.as_ref().expect("made above").take_error() {
-            Some(e) => Err(e.into()),
-            None => Ok(()),
-        }
+    // The device whose memory the first device side is (device 0 for host memory and views):
+    // its engine reaches that memory without peer access.
+    let device = device_sides
+        .first()
+        .and_then(|o| owning_device(d, o.ptr))
+        .unwrap_or(0);
+    let mut engines = d.sync_engines.lock();
+    let engine = match engines.entry(device) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(v) => v.insert(d.backend.create_engine(device)?),
     };
-    run()
+    let sync = d.backend.create_sync()?;
+    // SAFETY: the device sides are live and held in flight (above) until `_held` drops,
+    // after the signal; the host sides are the caller's, as its contract says.
+    unsafe { engine.submit(vec![op, EngineOp::Signal(sync.clone())]) };
+    sync.wait_ns(u64::MAX);
+    match engine.take_error() {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    }
+}
+
+/// The device whose memory `ptr` is: a device USM allocation's device, or the device of the
+/// physical memory mapped at a reserved address; `None` for anything else.
+pub(crate) fn owning_device(d: &DriverShared, ptr: usize) -> Option<u32> {
+    if let Some((_, r)) = d.usm.read().find(ptr) {
+        return r.device;
+    }
+    match d.vm.read().pointer_info(ptr)?.mapped? {
+        (_, crate::backend::PhysicalLocation::Device(dev), _) => Some(dev),
+        _ => None,
+    }
 }
 
 /// Checks `o` as a queue operand ([`check_operand`], under the reservation's gate so that no
