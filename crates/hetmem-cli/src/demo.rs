@@ -131,13 +131,14 @@ pub enum Scene {
     All,
     /// The growable KV cache (the main job).
     KvCache,
-    /// The free policies of zeMemFreeExt on a queued 512 MiB copy (host backend, 1 GiB device).
+    /// The free policies of zeMemFreeExt on a queued 512 MiB copy (on the host backend a
+    /// modelled 1 GiB device).
     FreePolicies,
     /// Weight sharing: a trainer process publishes its tensors with one IPC range handle; a
     /// server process opens it and checksums every tensor (vs one handle per tensor).
     Ipc,
-    /// ACL managed memory: a working set 4x one device, processed in chunks with prefetch;
-    /// migration counters and range attributes.
+    /// ACL managed memory processed in chunks with prefetch: migration counters and range
+    /// attributes (on the host backend a working set 4x a modelled device, with eviction).
     Managed,
 }
 
