@@ -119,20 +119,9 @@ impl Stream {
         };
         let d = self.dev();
         self.enqueue(hold, move |c| {
-            let r = c.res.device_copy(
-                d,
-                DeviceOperand {
-                    addr: dst,
-                    managed: dm,
-                },
-                DeviceOperand {
-                    addr: src,
-                    managed: sm,
-                },
-                count,
-            );
+            let r = device_copy(c.res.as_ref(), d, (dst, dm), (src, sm), count);
             drop(held);
-            r.map_err(residency_error)
+            r
         });
         Ok(())
     }
@@ -376,21 +365,7 @@ impl Context {
             )
             .map_err(|e| Error::Acl(AclCode::RtParamInvalid, e.message().to_string()))?;
             let device = crate::semantics::queue::owning_device(d, p).unwrap_or(0);
-            return core
-                .res
-                .device_copy(
-                    device,
-                    DeviceOperand {
-                        addr: dst,
-                        managed: dm,
-                    },
-                    DeviceOperand {
-                        addr: src,
-                        managed: sm,
-                    },
-                    count,
-                )
-                .map_err(residency_error);
+            return device_copy(core.res.as_ref(), device, (dst, dm), (src, sm), count);
         }
         // SAFETY: managed sides are inside live managed allocations (no lock is held here);
         // plain sides are mapped with the access needed.
@@ -840,4 +815,28 @@ impl Driver {
             },
         }
     }
+}
+
+/// A copy of `count` bytes on `device` by the managed-residency backend, each side given as
+/// `(address, whether it is managed memory)`.
+fn device_copy(
+    res: &dyn crate::backend::managed::ManagedResidency,
+    device: u32,
+    (dst, dm): (usize, bool),
+    (src, sm): (usize, bool),
+    count: usize,
+) -> Result<()> {
+    res.device_copy(
+        device,
+        DeviceOperand {
+            addr: dst,
+            managed: dm,
+        },
+        DeviceOperand {
+            addr: src,
+            managed: sm,
+        },
+        count,
+    )
+    .map_err(residency_error)
 }
