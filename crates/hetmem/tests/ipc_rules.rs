@@ -78,6 +78,55 @@ fn range_view_has_exactly_the_exporters_bytes_and_reports_its_full_size() {
     e.destroy(&ctx);
 }
 
+/// "The caller may start at an arbitrary offset within a mapped range" and "when ptr begins at
+/// an offset within a physical memory object, the returned importer pointer corresponds to
+/// ptr": a range that starts and ends inside pages is shared; the importer's pointer is its
+/// first byte, `get_address_range` reports exactly the range, the view is the same memory, and
+/// close takes that pointer (not the page start below it). A range whose first byte is in an
+/// unmapped page is `AddressNotFound` naming that byte.
+#[test]
+fn range_may_start_and_end_at_any_byte_and_the_importer_pointer_is_its_first_byte() {
+    if common::skip() {
+        return;
+    }
+    let _g = shared();
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let u = page(&ctx);
+    let (e, hole) = make_range(&ctx);
+    dev_fill(&ctx, e.ptr, e.size, 31);
+    let (start, n) = (e.ptr + u + 100, e.size - 2 * u - 300);
+    let h = ctx
+        .get_ipc_handle_with_properties(start, &range(n))
+        .unwrap();
+    assert_eq!(h.size(), Some(n));
+    let v = ctx.open_ipc_handle(&h, 0).unwrap();
+    assert_eq!(ctx.get_address_range(v).unwrap(), (v, n));
+    assert_eq!(ctx.get_address_range(v + n - 1).unwrap(), (v, n));
+    assert_eq!(dev_bytes(&ctx, v, 4096), dev_bytes(&ctx, start, 4096));
+    assert_eq!(
+        dev_bytes(&ctx, v + n - 4096, 4096),
+        dev_bytes(&ctx, start + n - 4096, 4096)
+    );
+    // The same memory, not a copy.
+    dev_write(&ctx, v + 8, 0xabcd_ef01);
+    assert_eq!(dev_read(&ctx, start + 8), 0xabcd_ef01);
+    let err = ctx.close_ipc_handle(v - 100).unwrap_err();
+    assert_eq!(err.ze_result(), common::ze::INVALID_ARGUMENT, "{err}");
+    ctx.close_ipc_handle(v).unwrap();
+    ctx.put_ipc_handle(&h).unwrap();
+    // Starting inside the unmapped page: the error names the range's first byte.
+    let err = ctx
+        .get_ipc_handle_with_properties(hole + 100, &range(64))
+        .unwrap_err();
+    assert_eq!(err.ze_result(), common::ze::ADDRESS_NOT_FOUND, "{err}");
+    assert!(
+        err.message().contains(&format!("{:#x}", hole + 100)),
+        "{err}"
+    );
+    e.destroy(&ctx);
+}
+
 #[test]
 fn range_handle_is_a_snapshot_of_the_mappings_at_export() {
     if common::skip() {

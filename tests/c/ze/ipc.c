@@ -8,7 +8,9 @@
  *     for host memory, as hetmem's cuda backend documents); the 64 bytes alone go over the
  *     socket as opaque data; the parent opens;
  *  C. a range handle (ze_ipc_phys_mem_handle_range_ext_desc_t) over two physical objects (of
- *     two devices where there are two), opened in the child with the plain zeMemOpenIpcHandle.
+ *     two devices where there are two), opened in the child with the plain zeMemOpenIpcHandle;
+ *  D. a range over the same objects that starts and ends inside pages: the child's pointer is
+ *     the range's first byte and its address range exactly the range.
  * Each side writes through its view and the other sees it: device memory through fills and
  * copies, host memory also through its pointers. Sizes of physical memory come from the
  * page-size query. The calls the 1.4 loader has no slot for come from
@@ -166,6 +168,22 @@ static int child(void) {
     OK(dev_fill(&io, b + H + 10, 0x99, 1));
     OK(zeMemCloseIpcHandle(e.ctx, vr));
     sync_byte();
+
+    /* D: a range that starts and ends inside pages ("an arbitrary offset within a mapped
+     * range"): the returned pointer is the range's first byte and the view is exactly it */
+    ze_ipc_mem_handle_t hd;
+    recv_msg(&hd, sizeof hd);
+    void *vd = NULL;
+    OK(zeMemOpenIpcHandle(e.ctx, e.dev[0], hd, 0, &vd));
+    OK(zeMemGetAddressRange(e.ctx, vd, &base, &size));
+    EXPECT(base == vd && size == S - 300);
+    char *c = vd;
+    EXPECT(DEV_BYTE(&io, c) == 0x01 && DEV_BYTE(&io, c + (S - H - 101)) == 0x01 &&
+           DEV_BYTE(&io, c + (S - H - 100)) == 0x02 && DEV_BYTE(&io, c + S - 301) == 0x02);
+    OK(dev_fill(&io, c + 5, 0x55, 1));
+    CHECK(zeMemCloseIpcHandle(e.ctx, c - 100), ZE_RESULT_ERROR_INVALID_ARGUMENT); /* not the pointer open gave */
+    OK(zeMemCloseIpcHandle(e.ctx, vd));
+    sync_byte();
     wait_byte();
     dev_io_done(&io);
     OK(zeContextDestroy(e.ctx));
@@ -247,6 +265,15 @@ int main(void) {
     wait_byte();
     EXPECT(DEV_BYTE(&io, (char *)r + S + 10) == 0x99); /* offset H+10 of the view */
     OK(x.put(e.ctx, hr));
+    /* D: [r + H + 100, r + H + S - 200): starts and ends inside pages */
+    ze_ipc_phys_mem_handle_range_ext_desc_t rd2 = {ZE_HETMEM_STYPE_IPC_PHYS_MEM_HANDLE_RANGE_EXT_DESC, NULL,
+                                                   S - 300};
+    ze_ipc_mem_handle_t hd;
+    OK(x.getp(e.ctx, (char *)r + H + 100, &rd2, &hd));
+    send_msg(&hd, sizeof hd, -1);
+    wait_byte();
+    EXPECT(DEV_BYTE(&io, (char *)r + H + 105) == 0x55); /* the child wrote its byte 5 */
+    OK(x.put(e.ctx, hd));
     sync_byte();
     OK(zeVirtualMemUnmap(e.ctx, r, 2 * S));
     OK(zeVirtualMemFree(e.ctx, r, 2 * S));

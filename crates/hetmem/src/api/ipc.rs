@@ -89,9 +89,10 @@ impl Context {
     /// Errors: `InvalidNullPointer` for null; `InvalidEnumeration` / `UnsupportedFeature` for
     /// handle types (FABRIC_ACCESSIBLE is not supported on the host backend; a type not asked
     /// at creation); `InvalidArgument` for a pointer in no allocation of this context and no
-    /// mapped page, or imported system memory. With a range: `InvalidSize` for size 0,
-    /// `UnsupportedAlignment` / `UnsupportedSize` for a pointer / size that is not a multiple
-    /// of the OS page, `InvalidArgument` if memory that is not reserved VA overlaps the range (a
+    /// mapped page, or imported system memory. With a range (any start byte, any size: the
+    /// handle shares the whole pages it touches and the importer's pointer is that of the
+    /// range's first byte): `InvalidSize` for size 0, `InvalidArgument` for a range past the
+    /// end of the address space or if memory that is not reserved VA overlaps the range (a
     /// USM allocation or import, a managed allocation, an opened IPC view),
     /// `AddressNotFound` naming the first byte not mapped to a physical object (an unmapped
     /// page of a reservation, or an address hetmem does not know), `UnsupportedSize` past
@@ -99,8 +100,9 @@ impl Context {
     /// the range was created with handle types that do not include the asked ones. Nothing
     /// changes on error (no export, no fd, no broker traffic).
     ///
-    /// Units: `ptr` is an address, `props.range_size` bytes; the handle's view size is the
-    /// allocation's page-rounded span, the whole physical object, or exactly the range size.
+    /// Units: `ptr` is an address, `props.range_size` bytes; the handle's view size
+    /// ([`IpcHandle::size`]) is the allocation's page-rounded span, the whole physical object,
+    /// or exactly the range size.
     pub fn get_ipc_handle_with_properties(
         &self,
         ptr: usize,
@@ -145,6 +147,7 @@ impl Context {
                 parts,
                 pieces,
                 1,
+                (0, 0),
                 capacity,
             );
         }
@@ -213,6 +216,7 @@ impl Context {
             parts,
             pieces,
             1,
+            (0, 0),
             capacity,
         )
     }
@@ -224,20 +228,20 @@ impl Context {
             return Err(Error::InvalidSize("IPC range size is 0".into()));
         }
         let page = mapping_granularity(self.driver_shared().backend.as_ref());
-        if !ptr.is_multiple_of(page) {
-            return Err(Error::UnsupportedAlignment(format!(
-                "IPC range start {} is not a multiple of the {page:#x}-byte page",
-                Addr(ptr)
-            )));
-        }
-        if !size.is_multiple_of(page) {
-            return Err(Error::UnsupportedSize(format!(
-                "IPC range size {size:#x} is not a multiple of the {page:#x}-byte page"
-            )));
-        }
         let end = ptr.checked_add(size).ok_or_else(|| {
             Error::InvalidArgument(format!("IPC range {} + {size:#x} overflows", Addr(ptr)))
         })?;
+        // The range may start and end at any byte ("an arbitrary offset within a mapped
+        // range"); what travels is the whole pages it touches, with the bytes before and after.
+        let first = ptr / page * page;
+        let last = end.checked_next_multiple_of(page).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "IPC range {} + {size:#x} ends in the last page of the address space",
+                Addr(ptr)
+            ))
+        })?;
+        let lead = (ptr - first) as u32;
+        let tail = (last - end) as u32;
         let drv = self.driver();
         let d = &drv.shared;
         // Memory that is not reserved VA: managed (its lock is never held with usm or vm, so
@@ -276,12 +280,12 @@ impl Context {
         }
         let vm = d.vm.read();
         drop(usm);
-        let runs = vm.mapped_pieces(ptr, end).map_err(|hole| {
+        let runs = vm.mapped_pieces(first, last).map_err(|hole| {
             Error::AddressNotFound(format!(
                 "IPC range [{}, {}) is not fully mapped: {} is not mapped to physical memory",
                 Addr(ptr),
                 Addr(end),
-                Addr(hole)
+                Addr(hole.clamp(ptr, end - 1))
             ))
         })?;
         let limit = d.ipc_max_range_pieces;
@@ -371,10 +375,11 @@ impl Context {
             self.id(),
             IpcHandleKind::Range,
             mem,
-            size,
+            last - first,
             kept,
             pieces,
             run_count,
+            (lead, tail),
             capacity,
         )
     }
@@ -405,14 +410,25 @@ impl Context {
         let d = &drv.shared;
         let m = material(d.backend.as_ref(), &h, handle, d.ipc_max_range_pieces)?;
         validate(d.backend.as_ref(), &m)?;
+        // A range starting or ending inside a page: the view maps the whole pages, the range is
+        // what lies between the bytes before and after it.
+        let (lead, tail) = (h.lead as usize, h.tail as usize);
+        if lead + tail >= m.size {
+            return Err(Error::InvalidArgument(format!(
+                "the handle trims {lead:#x} + {tail:#x} bytes off a view of {:#x}",
+                m.size
+            )));
+        }
         let align = d.vm.read().page_size(m.size);
-        let size = m.size;
+        let map_size = m.size;
         let capacity = m.capacity.clone();
         let base = map_view(d.backend.as_ref(), align, m)?;
         IMPORTS.lock().insert(
-            base,
+            base + lead,
             ImportRec {
-                size,
+                size: map_size - lead - tail,
+                map_base: base,
+                map_size,
                 context: self.id(),
                 driver: Arc::as_ptr(d) as usize,
                 mem: h.mem,
@@ -421,7 +437,7 @@ impl Context {
                 capacity,
             },
         );
-        Ok(base)
+        Ok(base + lead)
     }
 
     /// Imports the physical memory object a physical-object handle shares (from
@@ -514,12 +530,13 @@ impl Context {
             drop(im);
             inflight.wait_unreferenced_ref(InFlightRef::View(ptr));
         };
-        let size = im.get(&ptr).expect("checked under this lock").size;
+        let r = im.get(&ptr).expect("checked under this lock");
+        let (base, size) = (r.map_base, r.map_size);
         // SAFETY: the whole view we mapped at open.
         unsafe {
             drv.shared
                 .backend
-                .release_mapped(ptr, size, &[(ptr, ptr + size)])?
+                .release_mapped(base, size, &[(base, base + size)])?
         };
         im.remove(&ptr);
         Ok(())
@@ -635,6 +652,8 @@ impl Context {
                             ino: id.ino,
                             dev: dev32,
                             pieces: 1,
+                            lead: 0,
+                            tail: 0,
                         },
                     ));
                 }
@@ -653,6 +672,8 @@ impl Context {
                 ino: id.ino,
                 dev: dev32,
                 pieces: 1,
+                lead: 0,
+                tail: 0,
             },
         ))
     }

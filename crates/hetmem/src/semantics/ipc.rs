@@ -70,9 +70,14 @@
 //!   counts against its device's capacity after the memory is destroyed or freed; the
 //!   capacity comes back when the last export or view of it is put or closed (each holds the
 //!   memory's charge, `crate::semantics::capacity`).
-//! - Range (`range_size` set): null -> `InvalidNullPointer`; size 0 -> `InvalidSize`;
-//!   `ptr` / size not multiples of the OS page -> `UnsupportedAlignment` / `UnsupportedSize`
-//!   (the spec is silent; mappings are page-granular); then, over the whole range:
+//! - Range (`range_size` set): null -> `InvalidNullPointer`; size 0 -> `InvalidSize`; a range
+//!   past the end of the address space -> `InvalidArgument`. The range may start at any byte
+//!   and have any size (the spec: "the caller may start at an arbitrary offset within a mapped
+//!   range"): its pieces cover the whole pages it touches, the handle carries the bytes of
+//!   the first page before it and of the last page after it, and open returns the pointer of
+//!   the range's first byte in a view of those pages, reporting the range's own size
+//!   (`get_address_range`, queue operands and close use that pointer and size). Then, over
+//!   the whole range:
 //!   any byte in memory that is not reserved VA (a USM allocation or import of this driver, a
 //!   managed allocation of this driver, an IPC view opened in this process) -> `InvalidArgument`
 //!   naming it; otherwise any byte not mapped to a physical object (an unmapped page of a
@@ -226,9 +231,12 @@ impl IpcHandle {
     pub fn broker_nonce(&self) -> Option<u32> {
         decode(self).ok().map(|h| h.nonce)
     }
-    /// Size in bytes of the view an open maps, or `None` for bytes that are not a valid handle.
+    /// Size in bytes of the view an open gives (for a range handle the range's size, whatever
+    /// its first byte's offset in its page), or `None` for bytes that are not a valid handle.
     pub fn size(&self) -> Option<usize> {
-        decode(self).ok().map(|h| h.size as usize)
+        decode(self)
+            .ok()
+            .map(|h| h.size.saturating_sub(h.lead as u64 + h.tail as u64) as usize)
     }
 }
 
@@ -247,6 +255,11 @@ pub(crate) struct Decoded {
     pub(crate) dev: u32,
     /// Pieces (1 unless a range).
     pub(crate) pieces: u32,
+    /// Range: bytes of the first page before the range's first byte (the range may start at
+    /// any byte; its pieces cover whole pages). 0 otherwise.
+    pub(crate) lead: u32,
+    /// Range: bytes of the last page after the range's last byte. 0 otherwise.
+    pub(crate) tail: u32,
 }
 
 pub(crate) fn fnv1a(b: &[u8]) -> u32 {
@@ -272,6 +285,8 @@ pub(crate) fn encode(fd: i32, h: &Decoded) -> IpcHandle {
     d[40..48].copy_from_slice(&h.size.to_le_bytes());
     if h.kind == IpcHandleKind::Range {
         d[48..52].copy_from_slice(&h.pieces.to_le_bytes());
+        d[52..56].copy_from_slice(&h.lead.to_le_bytes());
+        d[56..60].copy_from_slice(&h.tail.to_le_bytes());
     } else {
         d[48..56].copy_from_slice(&h.ino.to_le_bytes());
         d[56..60].copy_from_slice(&h.dev.to_le_bytes());
@@ -323,6 +338,8 @@ pub(crate) fn decode(h: &IpcHandle) -> Result<Decoded> {
         ino: if range { 0 } else { u64at(48) },
         dev: if range { 0 } else { u32at(56) },
         pieces: if range { u32at(48) } else { 1 },
+        lead: if range { u32at(52) } else { 0 },
+        tail: if range { u32at(56) } else { 0 },
     })
 }
 
@@ -354,9 +371,15 @@ pub(crate) struct ExportRec {
     pub(crate) capacity: Arc<[Arc<Charge>]>,
 }
 
+/// A view opened in this process, keyed in [`IMPORTS`] by the pointer open returned.
 #[derive(Debug, Clone)]
 pub(crate) struct ImportRec {
+    /// Bytes from the returned pointer (a range handle's size).
     pub(crate) size: usize,
+    /// What open mapped: whole pages from `map_base` (at or below the returned pointer: a
+    /// range may start at any byte of its first page), `map_size` bytes.
+    pub(crate) map_base: usize,
+    pub(crate) map_size: usize,
     pub(crate) context: u64,
     /// The opening driver (`Arc::as_ptr` of its shared state; unique while the view lives,
     /// since the context, which keeps the driver alive, closes its views at teardown).
@@ -377,7 +400,7 @@ pub(crate) struct ImportRec {
 pub(crate) static EXPORTS: Mutex<BTreeMap<u32, ExportRec>> = Mutex::new(BTreeMap::new());
 /// The next export id to try (ids are `u32`, non-zero, wrapping; see the module docs).
 pub(crate) static NEXT_EXPORT: AtomicU32 = AtomicU32::new(1);
-/// Views opened in this process (base -> record).
+/// Views opened in this process (returned pointer -> record).
 pub(crate) static IMPORTS: Mutex<BTreeMap<usize, ImportRec>> = Mutex::new(BTreeMap::new());
 
 pub(crate) fn own_pid() -> u32 {
@@ -580,6 +603,7 @@ pub(crate) fn register(
     parts: Vec<SharedPart>,
     pieces: Vec<Piece>,
     runs: usize,
+    (lead, tail): (u32, u32),
     capacity: Vec<Arc<Charge>>,
 ) -> Result<IpcHandle> {
     let nonce = start_broker(backend)?;
@@ -615,6 +639,8 @@ pub(crate) fn register(
         ino,
         dev,
         pieces: runs as u32,
+        lead,
+        tail,
     };
     ex.insert(
         id,
@@ -912,12 +938,20 @@ pub(crate) fn opened_range(ptr: usize) -> Option<(usize, usize)> {
     (ptr < b + r.size).then_some((b, r.size))
 }
 
-/// `(base, end)` of a view opened in this process (any context, any driver) that overlaps
-/// `[start, end)`: memory that is neither system memory nor reserved VA of this process.
+/// `(base, end)` of what a view opened in this process (any context, any driver) mapped, if it
+/// overlaps `[start, end)`: memory that is neither system memory nor reserved VA of this
+/// process.
 pub(crate) fn view_overlapping(start: usize, end: usize) -> Option<(usize, usize)> {
     let im = IMPORTS.lock();
-    let (&b, r) = im.range(..end).next_back()?;
-    (b + r.size > start).then_some((b, b + r.size))
+    // The views are disjoint and keyed in address order; a view's mapping may begin below its
+    // key (by less than a page), so the first view at or above `end` may overlap too.
+    let extent = |(_, r): (&usize, &ImportRec)| (r.map_base, r.map_base + r.map_size);
+    let before = im.range(..end).next_back().map(extent);
+    let after = im.range(end..).next().map(extent);
+    [before, after]
+        .into_iter()
+        .flatten()
+        .find(|&(b, e)| b < end && e > start)
 }
 
 /// Properties of a view opened in this process that contains `ptr`
@@ -987,7 +1021,10 @@ pub(crate) fn release_context(d: &DriverShared, context: u64) {
         }
         break keys
             .into_iter()
-            .map(|b| (b, im.remove(&b).expect("listed").size))
+            .map(|b| {
+                let r = im.remove(&b).expect("listed");
+                (r.map_base, r.map_size)
+            })
             .collect();
     };
     for (b, s) in views {
@@ -1040,6 +1077,8 @@ mod tests {
             ino: 0,
             dev: 0,
             pieces: 3,
+            lead: 0x1000,
+            tail: 0x800,
         }
     }
 
@@ -1052,12 +1091,18 @@ mod tests {
             (d.kind, d.pid, d.nonce, d.id, d.size, d.pieces),
             (IpcHandleKind::Range, 1234, 0xfeed, 77, 1 << 20, 3)
         );
+        // A range handle carries the bytes before and after the range in its end pages; its
+        // size is the range's.
+        assert_eq!((d.lead, d.tail), (0x1000, 0x800));
+        assert_eq!(h.size(), Some((1 << 20) - 0x1800));
         // An allocation handle carries the memfd's device and inode instead of a piece count.
         let a = Decoded {
             kind: IpcHandleKind::Allocation,
             ino: 0x1234_5678_9abc,
             dev: 0x0010_0001,
             pieces: 1,
+            lead: 0,
+            tail: 0,
             ..sample()
         };
         let d = decode(&encode(5, &a)).unwrap();
