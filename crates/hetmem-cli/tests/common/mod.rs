@@ -162,6 +162,29 @@ fn field<'a>(line: &'a str, key: &str) -> &'a str {
     rest.split(',').next().unwrap_or("").trim()
 }
 
+/// Parses one device line of `hetmem info` (`[0] <name>: capacity 256 MiB, largest single
+/// allocation 64 MiB, page sizes 64 KiB (< 2 MiB) / 2 MiB (>= 2 MiB), granularity 65536 B`).
+pub fn parse_device_line(l: &str) -> InfoDevice {
+    let pages = field(l, "page sizes ");
+    let small = pages.split(" (< 2 MiB)").next().unwrap_or("").trim();
+    let large = pages
+        .split(" / ")
+        .nth(1)
+        .and_then(|s| s.split(" (>= 2 MiB)").next())
+        .unwrap_or("")
+        .trim();
+    InfoDevice {
+        capacity: field(l, "capacity ").to_string(),
+        max_alloc: field(l, "largest single allocation ").to_string(),
+        small_page: small.to_string(),
+        large_page: large.to_string(),
+        granularity: field(l, "granularity ")
+            .trim_end_matches(" B")
+            .parse()
+            .unwrap_or_else(|_| panic!("no granularity in {l:?}")),
+    }
+}
+
 /// Parses the output of `hetmem info`.
 pub fn parse_info(text: &str) -> Info {
     let backend = text
@@ -174,26 +197,7 @@ pub fn parse_info(text: &str) -> Info {
         .lines()
         .map(str::trim_start)
         .filter(|l| l.starts_with('[') && l.contains(": capacity "))
-        .map(|l| {
-            let pages = field(l, "page sizes ");
-            let small = pages.split(" (< 2 MiB)").next().unwrap_or("").trim();
-            let large = pages
-                .split(" / ")
-                .nth(1)
-                .and_then(|s| s.split(" (>= 2 MiB)").next())
-                .unwrap_or("")
-                .trim();
-            InfoDevice {
-                capacity: field(l, "capacity ").to_string(),
-                max_alloc: field(l, "largest single allocation ").to_string(),
-                small_page: small.to_string(),
-                large_page: large.to_string(),
-                granularity: field(l, "granularity ")
-                    .trim_end_matches(" B")
-                    .parse()
-                    .unwrap_or_else(|_| panic!("no granularity in {l:?}")),
-            }
-        })
+        .map(parse_device_line)
         .collect::<Vec<_>>();
     assert!(!devices.is_empty(), "no device line in\n{text}");
     let modelled = text
@@ -233,38 +237,57 @@ pub fn info_ok() -> &'static Info {
     info().expect("hetmem info (the test checks skip() first)")
 }
 
-/// A byte count as the `hetmem` command prints it: the largest binary unit in which it is at
-/// least 1, whole where it divides, else with one decimal (`64 KiB`, `2.9 GiB`, `512 B`).
-pub fn human(b: u64) -> String {
-    for (u, name) in [
-        (1u64 << 40, "TiB"),
-        (1 << 30, "GiB"),
-        (1 << 20, "MiB"),
-        (1 << 10, "KiB"),
-    ] {
-        if b >= u {
-            return if b.is_multiple_of(u) {
-                format!("{} {name}", b / u)
-            } else {
-                format!("{:.1} {name}", b as f64 / u as f64)
+/// Whether `printed` is a form the `hetmem` command may print byte count `b` in, by its rule
+/// written out here rather than by a copy of its code: the largest binary unit (`B`, `KiB`,
+/// `MiB`, `GiB`, `TiB`) of which `b` is at least one; the whole count of units where `b` is a
+/// multiple of it (`64 KiB`, `512 B`), else the count to one decimal, rounded to the nearest
+/// tenth (`2.9 GiB`; either neighbour on an exact half).
+pub fn shows_bytes(printed: &str, b: u64) -> bool {
+    let Some((n, unit)) = printed.trim().split_once(' ') else {
+        return false;
+    };
+    let Some(shift) = unit_shift(unit) else {
+        return false;
+    };
+    let largest = [40, 30, 20, 10]
+        .into_iter()
+        .find(|&s| b >= 1 << s)
+        .unwrap_or(0);
+    if shift != largest {
+        return false;
+    }
+    let u = 1u64 << shift;
+    match n.split_once('.') {
+        None => n.parse::<u64>().is_ok_and(|n| n.checked_mul(u) == Some(b)),
+        Some((whole, tenth)) => {
+            if b.is_multiple_of(u) || tenth.len() != 1 {
+                return false;
+            }
+            // Tenths of a unit: |10 b / u - d| <= 1/2, in integers.
+            let Ok(d) = format!("{whole}{tenth}").parse::<u128>() else {
+                return false;
             };
+            2 * (10 * b as u128).abs_diff(d * u as u128) <= u as u128
         }
     }
-    format!("{b} B")
 }
 
-/// Parses a byte count as the `hetmem` command prints it ([`human`]'s whole forms: `64 KiB`,
-/// `2 MiB`, `512 B`). `None` for a decimal or an unknown unit.
-pub fn parse_human(s: &str) -> Option<u64> {
-    let (n, unit) = s.trim().split_once(' ')?;
-    let n: u64 = n.parse().ok()?;
-    let shift = match unit {
+/// The power of two of a unit the `hetmem` command prints (`B` 0, `KiB` 10, ... `TiB` 40).
+fn unit_shift(unit: &str) -> Option<u32> {
+    Some(match unit {
         "B" => 0,
         "KiB" => 10,
         "MiB" => 20,
         "GiB" => 30,
         "TiB" => 40,
         _ => return None,
-    };
-    n.checked_mul(1 << shift)
+    })
+}
+
+/// Parses a byte count as the `hetmem` command prints it, in the whole forms of
+/// [`shows_bytes`] (`64 KiB`, `2 MiB`, `512 B`). `None` for a decimal or an unknown unit.
+pub fn parse_human(s: &str) -> Option<u64> {
+    let (n, unit) = s.trim().split_once(' ')?;
+    let n: u64 = n.parse().ok()?;
+    n.checked_mul(1 << unit_shift(unit)?)
 }
