@@ -52,23 +52,29 @@ fn info_prints_backend_driver_devices_page_sizes_and_configuration() {
     for d in drv.devices() {
         let l = line(&format!("[{}]", d.ordinal()));
         let i = d.info();
-        let page = |size: usize| common::human(ctx.query_page_size(&d, size).unwrap() as u64);
-        assert!(
-            l.contains(&format!("capacity {}", common::human(i.capacity))),
-            "{l}"
-        );
-        assert!(
-            l.contains(&format!(
-                "largest single allocation {}",
-                common::human(i.max_alloc_size)
-            )),
-            "{l}"
-        );
+        let page = |size: usize| ctx.query_page_size(&d, size).unwrap() as u64;
+        // Each figure as printed, checked against the runtime's bytes by the printing rule
+        // (`common::shows_bytes`), not by a copy of the command's formatting code.
+        let shown = common::parse_device_line(&l);
+        for (what, printed, bytes) in [
+            ("capacity", &shown.capacity, i.capacity),
+            (
+                "largest single allocation",
+                &shown.max_alloc,
+                i.max_alloc_size,
+            ),
+            ("page size (< 2 MiB)", &shown.small_page, page(1)),
+            ("page size (>= 2 MiB)", &shown.large_page, page(2 << 20)),
+        ] {
+            assert!(
+                common::shows_bytes(printed, bytes),
+                "{what} {printed:?} is not {bytes} B as the command prints it: {l}"
+            );
+        }
         assert!(
             l.contains(&format!(
                 "page sizes {} (< 2 MiB) / {} (>= 2 MiB)",
-                page(1),
-                page(2 << 20)
+                shown.small_page, shown.large_page
             )),
             "{l}"
         );

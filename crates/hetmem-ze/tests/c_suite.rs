@@ -5,14 +5,15 @@
 //! loader-linked program runs twice: plainly, and under the loader's validation layer
 //! (`ZE_ENABLE_VALIDATION_LAYER=1 ZE_ENABLE_PARAMETER_VALIDATION=1`) where the loader ships it.
 //!
-//! Environment (shared with the ACL C suite):
+//! Environment (the conventions of `hetmem_testkit`, shared with the ACL C suite):
 //! - `HETMEM_TEST_PREBUILT=1`: never run cargo; `libze_hetmem.so` is looked for next to this
 //!   test executable and in its parent folder (`scripts/gpu-pack` puts test executables in
 //!   `<pack>/tests/` and the cdylibs in `<pack>/`).
 //! - `HETMEM_REPO_ROOT`: the repository root (C sources, headers); default the compile-time
-//!   `CARGO_MANIFEST_DIR/../..` if it exists, else the current directory.
-//! - `HETMEM_TEST_TMPDIR`: where the programs are compiled to; default `CARGO_TARGET_TMPDIR`
-//!   if it can be created, else `<temp dir>/hetmem-c-tests`.
+//!   root if it holds `tests/c/ze`, else the current directory.
+//! - `HETMEM_TEST_TMPDIR`: where the programs are compiled to (its `hetmem-ze-c/`); default
+//!   `CARGO_TARGET_TMPDIR/hetmem-ze-c` if it can be created, else
+//!   `<temp dir>/hetmem-c-tests/hetmem-ze-c`.
 //! - `HETMEM_ZE_SYSROOT`: a folder with `include/level_zero/*.h` and `lib/libze_loader.so*` (and
 //!   `libze_validation_layer.so*`), used instead of `/usr/include` and the system loader
 //!   (`-I`, `-L`, `-rpath`, and `LD_LIBRARY_PATH` when running: the loader opens the
@@ -35,34 +36,13 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-fn env_set(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
-}
-
-/// `HETMEM_TEST_PREBUILT=1`: the cdylib was built elsewhere; never run cargo.
-fn prebuilt() -> bool {
-    env_set("HETMEM_TEST_PREBUILT").is_some_and(|v| v == "1")
-}
-
-/// The backend the programs run on (`HETMEM_BACKEND`, default `host`).
-fn backend() -> String {
-    env_set("HETMEM_BACKEND").unwrap_or_else(|| "host".into())
-}
+// `backend()` here is the backend name passed to the programs (`HETMEM_BACKEND`, default host).
+use hetmem_testkit::{child_backend as backend, env_set, loud, prebuilt};
 
 fn repo_root() -> PathBuf {
     static R: OnceLock<PathBuf> = OnceLock::new();
-    R.get_or_init(|| {
-        if let Some(r) = env_set("HETMEM_REPO_ROOT") {
-            return PathBuf::from(r);
-        }
-        let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        if built.join("tests/c/ze").is_dir() {
-            built
-        } else {
-            std::env::current_dir().expect("current directory")
-        }
-    })
-    .clone()
+    R.get_or_init(|| hetmem_testkit::repo_root("tests/c/ze"))
+        .clone()
 }
 
 /// `HETMEM_ZE_SYSROOT`, if set: the Level Zero headers and loader to use.
@@ -169,9 +149,11 @@ fn skip_reason() -> Option<&'static str> {
 fn driver_lib() -> PathBuf {
     static P: OnceLock<PathBuf> = OnceLock::new();
     P.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test exe");
-        let deps = exe.parent().expect("deps dir").to_path_buf();
-        let profile = deps.parent().expect("profile dir").to_path_buf();
+        // The newest copy in the test executable's folder and its parent
+        // (hetmem_testkit::prebuilt_dirs).
+        let dirs = hetmem_testkit::prebuilt_dirs();
+        let deps = dirs[0].clone();
+        let profile = dirs.get(1).expect("profile dir").clone();
         let find = || {
             [
                 profile.join("libze_hetmem.so"),
@@ -212,19 +194,9 @@ fn driver_lib() -> PathBuf {
 fn out_dir() -> PathBuf {
     static D: OnceLock<PathBuf> = OnceLock::new();
     D.get_or_init(|| {
-        let made = |d: PathBuf| std::fs::create_dir_all(&d).is_ok().then_some(d);
-        let d = match env_set("HETMEM_TEST_TMPDIR") {
-            Some(t) => {
-                let d = Path::new(&t).join("hetmem-ze-c");
-                std::fs::create_dir_all(&d).unwrap_or_else(|e| {
-                    panic!("HETMEM_TEST_TMPDIR: creating {}: {e}", d.display())
-                });
-                d
-            }
-            None => made(Path::new(env!("CARGO_TARGET_TMPDIR")).join("hetmem-ze-c"))
-                .or_else(|| made(std::env::temp_dir().join("hetmem-c-tests/hetmem-ze-c")))
-                .expect("no folder to compile the C programs to"),
-        };
+        let d = hetmem_testkit::test_tmpdir("hetmem-ze-c", || {
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("hetmem-ze-c")
+        });
         d.canonicalize().unwrap_or(d)
     })
     .clone()
@@ -398,34 +370,18 @@ fn validation_layer_present() -> bool {
     }
 }
 
-/// Writes `line` past the test harness's capture (so that it shows in a passing run, and
-/// `scripts/gpu-suite` counts it).
-fn loud(line: &str) {
-    let _ = std::io::Write::write_fmt(&mut std::io::stderr(), format_args!("{line}\n"));
-}
-
-/// The not-applicable lines a program printed.
-fn not_applicable_lines(text: &str) -> Vec<&str> {
-    text.lines()
-        .filter(|l| l.starts_with("NOT APPLICABLE ("))
-        .collect()
-}
-
 /// Runs a program with the suite's environment; fails the test on a non-zero exit, and on the
 /// host backend on any not-applicable line (there every check applies).
 fn run(exe: &Path, validation: bool, env: &[(&str, &str)]) {
     let backend = backend();
     let mut c = Command::new(exe);
     c.env("ZE_ENABLE_ALT_DRIVERS", driver_lib())
-        .env("HETMEM_BACKEND", &backend)
         .env_remove("HETMEM_HOST_MAX_ALLOC");
-    if backend == "host" {
-        c.env("HETMEM_HOST_DEVICES", "2")
-            .env("HETMEM_HOST_DEVICE_MEMORY", "256M");
-    } else {
-        c.env_remove("HETMEM_HOST_DEVICES")
-            .env_remove("HETMEM_HOST_DEVICE_MEMORY");
+    // HETMEM_BACKEND, and the host backend's two devices of 256 MiB only there.
+    for v in hetmem_testkit::HOST_DEVICE_VARS {
+        c.env_remove(v);
     }
+    c.envs(hetmem_testkit::child_backend_env());
     // The folder of the driver chosen above first: cargo's LD_LIBRARY_PATH (target/release
     // before target/release/deps) outranks a program's rpath, and would load a stale copy
     // of libze_hetmem.so into the directly linked programs. Then the sysroot's loader.
@@ -490,10 +446,7 @@ fn run(exe: &Path, validation: bool, env: &[(&str, &str)]) {
             ""
         }
     );
-    let na = not_applicable_lines(&out);
-    for l in &na {
-        loud(l);
-    }
+    let na = hetmem_testkit::reemit_not_applicable(&out);
     let Some(status) = status else {
         panic!("{} timed out after 180 s:\n{out}\n{err}", exe.display());
     };

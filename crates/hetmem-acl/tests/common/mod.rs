@@ -8,7 +8,8 @@
 //! `HETMEM_TEST_PREBUILT=1` uses the `libascendcl.so` found next to the test executable or in
 //! its parent folder instead, and never runs cargo.
 //!
-//! Environment of the runner:
+//! Environment of the runner (the conventions of `hetmem_testkit`, shared with the Level Zero C
+//! suite):
 //! - `HETMEM_REPO_ROOT`: the repository root (C sources, headers); default the root this file
 //!   was compiled in if it still exists, else the current directory.
 //! - `HETMEM_TEST_TMPDIR`: where the programs are compiled to; default `acl-c-tests` beside the
@@ -24,40 +25,21 @@
 
 #![allow(dead_code)]
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// The backend the programs run on (`HETMEM_BACKEND`, default `host`).
-pub fn backend() -> String {
-    std::env::var("HETMEM_BACKEND")
-        .ok()
-        .filter(|b| !b.is_empty())
-        .unwrap_or_else(|| "host".into())
-}
-
-/// Whether to use prebuilt libraries and never run cargo (`HETMEM_TEST_PREBUILT=1`).
-pub fn prebuilt() -> bool {
-    std::env::var("HETMEM_TEST_PREBUILT").is_ok_and(|v| v == "1")
-}
+// `backend()` is the backend name the programs run on (`HETMEM_BACKEND`, default `host`),
+// passed to them unparsed; `loud` writes a line past the harness's capture.
+#[allow(unused_imports)]
+pub use hetmem_testkit::{child_backend as backend, loud, prebuilt};
 
 /// The repository root: `HETMEM_REPO_ROOT`, else the root this file was compiled in if it
-/// exists, else the current directory.
+/// holds `tests/c/acl`, else the current directory ([`hetmem_testkit::repo_root`]).
 pub fn root() -> PathBuf {
     static ROOT: OnceLock<PathBuf> = OnceLock::new();
     ROOT.get_or_init(|| {
-        let dir = match std::env::var_os("HETMEM_REPO_ROOT").filter(|v| !v.is_empty()) {
-            Some(r) => PathBuf::from(r),
-            None => {
-                let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-                if built.join("tests/c/acl").is_dir() {
-                    built
-                } else {
-                    std::env::current_dir().expect("the current directory")
-                }
-            }
-        };
+        let dir = hetmem_testkit::repo_root("tests/c/acl");
         assert!(
             dir.join("tests/c/acl").is_dir(),
             "{dir:?} is not the repository root (no tests/c/acl): run from the repository root \
@@ -75,24 +57,17 @@ fn profile_dir() -> PathBuf {
     exe.parent().unwrap().parent().unwrap().to_path_buf()
 }
 
-/// The prebuilt `libascendcl.so`'s folder: the test executable's own, or its parent.
+/// The prebuilt `libascendcl.so`'s folder: the test executable's own, or its parent
+/// ([`hetmem_testkit::find_prebuilt`]).
 fn prebuilt_lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let own = exe.parent().unwrap().to_path_buf();
-    let candidates: Vec<PathBuf> = [Some(own.clone()), own.parent().map(Path::to_path_buf)]
-        .into_iter()
-        .flatten()
-        .collect();
-    candidates
-        .iter()
-        .find(|d| d.join("libascendcl.so").is_file())
-        .cloned()
-        .unwrap_or_else(|| {
-            panic!(
-                "HETMEM_TEST_PREBUILT=1 but no libascendcl.so in {candidates:?} (scripts/gpu-pack \
-                 puts it in the parent of the tests folder)"
-            )
-        })
+    let lib = hetmem_testkit::find_prebuilt("libascendcl.so").unwrap_or_else(|| {
+        panic!(
+            "HETMEM_TEST_PREBUILT=1 but no libascendcl.so in {:?} (scripts/gpu-pack puts it in \
+             the parent of the tests folder)",
+            hetmem_testkit::prebuilt_dirs()
+        )
+    });
+    lib.parent().expect("the library's folder").to_path_buf()
 }
 
 /// The directory holding an up-to-date `libascendcl.so`.
@@ -126,22 +101,8 @@ pub fn lib_dir() -> PathBuf {
 /// Where the programs are compiled to (see the module docs).
 fn out_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        if let Some(d) = std::env::var_os("HETMEM_TEST_TMPDIR").filter(|v| !v.is_empty()) {
-            let d = PathBuf::from(d);
-            std::fs::create_dir_all(&d)
-                .unwrap_or_else(|e| panic!("HETMEM_TEST_TMPDIR {d:?} cannot be made: {e}"));
-            return d;
-        }
-        let beside = lib_dir().join("acl-c-tests");
-        if std::fs::create_dir_all(&beside).is_ok() {
-            return beside;
-        }
-        let tmp = std::env::temp_dir().join("hetmem-c-tests");
-        std::fs::create_dir_all(&tmp).unwrap_or_else(|e| panic!("{tmp:?} cannot be made: {e}"));
-        tmp
-    })
-    .clone()
+    DIR.get_or_init(|| hetmem_testkit::test_tmpdir("", || lib_dir().join("acl-c-tests")))
+        .clone()
 }
 
 /// Compiles `tests/c/acl/<name>.c` (plus `extra` flags) into the output folder; returns the
@@ -183,44 +144,17 @@ pub enum Outcome {
     Skipped(String),
 }
 
-/// Writes `line` on the process's stderr, past the test harness's capture (so that it shows in
-/// a passing run too, where `scripts/gpu-suite` reads it).
-pub fn loud(line: &str) {
-    let mut e = std::io::stderr();
-    let _ = e.write_fmt(format_args!("{line}\n"));
-    let _ = e.flush();
-}
-
-/// The `NOT APPLICABLE` lines of a program's stdout.
-pub fn not_applicable(stdout: &str) -> Vec<&str> {
-    stdout
-        .lines()
-        .filter(|l| l.starts_with("NOT APPLICABLE ("))
-        .collect()
-}
-
 /// Prints a `SKIPPED (<backend>) <test>: <why>` line past the capture: a test that cannot run
 /// at all on this machine.
 pub fn skipped(test: &str, why: &str) {
     loud(&format!("SKIPPED ({}) {test}: {why}", backend()));
 }
 
-/// The `HETMEM_*` variables a program runs with on the current backend: `HETMEM_BACKEND`, and
-/// for the host backend two devices of 256 MiB each.
-pub fn backend_env() -> Vec<(&'static str, String)> {
-    let b = backend();
-    let mut env = vec![("HETMEM_BACKEND", b.clone())];
-    if b == "host" {
-        env.push(("HETMEM_HOST_DEVICES", "2".into()));
-        env.push(("HETMEM_HOST_DEVICE_MEMORY", "256M".into()));
-    }
-    env
-}
-
-/// Builds and runs `name` with `args` on the current backend ([`backend_env`]); panics with its
-/// output on failure.
+/// Builds and runs `name` with `args` on the current backend (the `HETMEM_*` variables of
+/// [`hetmem_testkit::child_backend_env`]: `HETMEM_BACKEND`, and for the host backend two devices
+/// of 256 MiB each); panics with its output on failure.
 pub fn run(name: &str, args: &[&str]) -> Outcome {
-    let env = backend_env();
+    let env = hetmem_testkit::child_backend_env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     run_env(name, args, &env)
 }
@@ -230,21 +164,14 @@ pub fn run_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Outcome {
     let exe = build(name, &[]);
     let mut cmd = Command::new(&exe);
     cmd.args(args);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("HETMEM_") {
-            cmd.env_remove(k);
-        }
-    }
+    hetmem_testkit::clear_hetmem_env(&mut cmd);
     for (k, v) in env {
         cmd.env(k, v);
     }
     let out = cmd.output().expect("running the C program");
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    let na = not_applicable(&stdout);
-    for l in &na {
-        loud(l);
-    }
+    let na = hetmem_testkit::reemit_not_applicable(&stdout);
     match out.status.code() {
         Some(0) => Outcome::Passed(stdout),
         Some(77) => {

@@ -13,12 +13,9 @@
 //! backend's name alone.
 #![allow(dead_code)]
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Output};
-use std::sync::{Mutex, OnceLock};
-
-use hetmem::BackendKind;
+use std::sync::OnceLock;
 
 // ---------------------------------------------------------------------------------------------
 // The executable
@@ -26,7 +23,8 @@ use hetmem::BackendKind;
 /// The `hetmem` executable the tests run: `$HETMEM_CLI_BIN` if set; else, with
 /// `HETMEM_TEST_PREBUILT=1` (test executables carried to another machine by `scripts/gpu-pack`,
 /// which puts `hetmem` at `<pack>/hetmem` and the tests in `<pack>/tests/`), a `hetmem` next to
-/// the running test executable or in its parent folder; else the one cargo built with the tests.
+/// the running test executable or in its parent folder ([`hetmem_testkit::find_prebuilt`]);
+/// else the one cargo built with the tests.
 ///
 /// Panics when `HETMEM_TEST_PREBUILT=1` and neither place has one (naming both).
 pub fn hetmem_bin() -> PathBuf {
@@ -35,20 +33,12 @@ pub fn hetmem_bin() -> PathBuf {
         if let Some(p) = std::env::var_os("HETMEM_CLI_BIN") {
             return PathBuf::from(p);
         }
-        if std::env::var("HETMEM_TEST_PREBUILT").as_deref() == Ok("1") {
-            let exe = std::env::current_exe().expect("the test executable's path");
-            let here = exe.parent().expect("the test executable's folder");
-            let places = [Some(here), here.parent()];
-            let found = places
-                .iter()
-                .flatten()
-                .map(|d| d.join("hetmem"))
-                .find(|p| p.is_file());
-            return found.unwrap_or_else(|| {
+        if hetmem_testkit::prebuilt() {
+            return hetmem_testkit::find_prebuilt("hetmem").unwrap_or_else(|| {
                 panic!(
                     "HETMEM_TEST_PREBUILT=1 but no hetmem executable in {} or its parent folder \
                      (scripts/gpu-pack puts it next to tests/); set HETMEM_CLI_BIN to its path",
-                    here.display()
+                    hetmem_testkit::prebuilt_dirs()[0].display()
                 )
             });
         }
@@ -64,11 +54,7 @@ pub fn hetmem_bin() -> PathBuf {
 pub fn hetmem(args: &[&str], env: &[(&str, &str)]) -> (Output, String, String) {
     let mut c = Command::new(hetmem_bin());
     c.args(args);
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("HETMEM_") {
-            c.env_remove(k);
-        }
-    }
+    hetmem_testkit::clear_hetmem_env(&mut c);
     if let Some(b) = std::env::var_os("HETMEM_BACKEND") {
         c.env("HETMEM_BACKEND", b);
     }
@@ -84,76 +70,13 @@ pub fn hetmem(args: &[&str], env: &[(&str, &str)]) -> (Output, String, String) {
 // ---------------------------------------------------------------------------------------------
 // The backend under test and the loud lines
 
-/// The backend the suite runs on: `HETMEM_BACKEND`, default host (as the hetmem crate's tests).
-pub fn backend() -> BackendKind {
-    static B: OnceLock<BackendKind> = OnceLock::new();
-    *B.get_or_init(|| match std::env::var("HETMEM_BACKEND") {
-        Ok(v) => BackendKind::parse(&v).expect("HETMEM_BACKEND"),
-        Err(_) => BackendKind::Host,
-    })
-}
-
-/// Whether the suite runs on the host backend.
-pub fn on_host() -> bool {
-    backend() == BackendKind::Host
-}
-
-/// Whether the suite runs on the cuda backend.
-pub fn on_cuda() -> bool {
-    backend() == BackendKind::Cuda
-}
-
-/// Writes `line` to the process's stderr past the test harness's capture, so that it shows in
-/// every run's output, passed or not.
-pub fn loud(line: &str) {
-    let _ = writeln!(std::io::stderr(), "{line}");
-}
-
-/// The name of the running test (libtest names each test's thread after it), without the
-/// module path.
-pub fn test_name() -> String {
-    let t = std::thread::current();
-    let n = t.name().unwrap_or("?");
-    n.rsplit("::").next().unwrap_or(n).to_string()
-}
-
-/// Prints `line` once per process.
-fn loud_once(line: String) {
-    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
-    if !seen.contains(&line) {
-        loud(&line);
-        seen.push(line);
-    }
-}
-
-/// True on backend `kind` after one loud `NOT APPLICABLE (<kind>) <test>: <reason>` line: the
-/// whole test cannot apply there, for the reason given (a real difference of the backend).
-pub fn not_applicable_on(kind: BackendKind, reason: &str) -> bool {
-    if backend() != kind {
-        return false;
-    }
-    loud_once(format!(
-        "NOT APPLICABLE ({}) {}: {reason}",
-        kind.name(),
-        test_name()
-    ));
-    true
-}
-
-/// True on backend `kind` after one loud `NOT APPLICABLE (<kind>) <test> [part]: <reason>`
-/// line: the test runs, but the checks this guards (named in the reason) cannot apply there.
-pub fn part_not_applicable_on(kind: BackendKind, reason: &str) -> bool {
-    if backend() != kind {
-        return false;
-    }
-    loud_once(format!(
-        "NOT APPLICABLE ({}) {} [part]: {reason}",
-        kind.name(),
-        test_name()
-    ));
-    true
-}
+// `hetmem_testkit`'s, shared with the hetmem crate's tests (the same variable, the same lines);
+// re-exported here under the names the test files use. (Each test binary uses a part of them.)
+#[allow(unused_imports)]
+pub use hetmem_testkit::{
+    backend, loud, not_applicable_on, on_cuda, on_host, part_not_applicable_on, skipped,
+    skipped_for, test_name,
+};
 
 /// [`not_applicable_on`] the suite's backend: for a decision already made from what the
 /// runtime answers. Always true.
@@ -165,22 +88,6 @@ pub fn not_applicable(reason: &str) -> bool {
 /// runtime answers. Always true.
 pub fn part_not_applicable(reason: &str) -> bool {
     part_not_applicable_on(backend(), reason)
-}
-
-/// One loud `SKIPPED (<backend>) <test>: <reason>` line: the test cannot run on this machine
-/// (a missing input or library, not a difference of the backend).
-pub fn skipped(reason: &str) {
-    skipped_for(backend(), reason);
-}
-
-/// One loud `SKIPPED (<kind>) <test>: <reason>` line: the test needs backend `kind` whatever
-/// the suite runs on (`hetmem bench cuda`), and it cannot start on this machine.
-pub fn skipped_for(kind: BackendKind, reason: &str) {
-    loud_once(format!(
-        "SKIPPED ({}) {}: {reason}",
-        kind.name(),
-        test_name()
-    ));
 }
 
 /// The first line of a test that needs the suite's backend running: true (the test returns
@@ -255,6 +162,29 @@ fn field<'a>(line: &'a str, key: &str) -> &'a str {
     rest.split(',').next().unwrap_or("").trim()
 }
 
+/// Parses one device line of `hetmem info` (`[0] <name>: capacity 256 MiB, largest single
+/// allocation 64 MiB, page sizes 64 KiB (< 2 MiB) / 2 MiB (>= 2 MiB), granularity 65536 B`).
+pub fn parse_device_line(l: &str) -> InfoDevice {
+    let pages = field(l, "page sizes ");
+    let small = pages.split(" (< 2 MiB)").next().unwrap_or("").trim();
+    let large = pages
+        .split(" / ")
+        .nth(1)
+        .and_then(|s| s.split(" (>= 2 MiB)").next())
+        .unwrap_or("")
+        .trim();
+    InfoDevice {
+        capacity: field(l, "capacity ").to_string(),
+        max_alloc: field(l, "largest single allocation ").to_string(),
+        small_page: small.to_string(),
+        large_page: large.to_string(),
+        granularity: field(l, "granularity ")
+            .trim_end_matches(" B")
+            .parse()
+            .unwrap_or_else(|_| panic!("no granularity in {l:?}")),
+    }
+}
+
 /// Parses the output of `hetmem info`.
 pub fn parse_info(text: &str) -> Info {
     let backend = text
@@ -267,26 +197,7 @@ pub fn parse_info(text: &str) -> Info {
         .lines()
         .map(str::trim_start)
         .filter(|l| l.starts_with('[') && l.contains(": capacity "))
-        .map(|l| {
-            let pages = field(l, "page sizes ");
-            let small = pages.split(" (< 2 MiB)").next().unwrap_or("").trim();
-            let large = pages
-                .split(" / ")
-                .nth(1)
-                .and_then(|s| s.split(" (>= 2 MiB)").next())
-                .unwrap_or("")
-                .trim();
-            InfoDevice {
-                capacity: field(l, "capacity ").to_string(),
-                max_alloc: field(l, "largest single allocation ").to_string(),
-                small_page: small.to_string(),
-                large_page: large.to_string(),
-                granularity: field(l, "granularity ")
-                    .trim_end_matches(" B")
-                    .parse()
-                    .unwrap_or_else(|_| panic!("no granularity in {l:?}")),
-            }
-        })
+        .map(parse_device_line)
         .collect::<Vec<_>>();
     assert!(!devices.is_empty(), "no device line in\n{text}");
     let modelled = text
@@ -326,38 +237,57 @@ pub fn info_ok() -> &'static Info {
     info().expect("hetmem info (the test checks skip() first)")
 }
 
-/// A byte count as the `hetmem` command prints it: the largest binary unit in which it is at
-/// least 1, whole where it divides, else with one decimal (`64 KiB`, `2.9 GiB`, `512 B`).
-pub fn human(b: u64) -> String {
-    for (u, name) in [
-        (1u64 << 40, "TiB"),
-        (1 << 30, "GiB"),
-        (1 << 20, "MiB"),
-        (1 << 10, "KiB"),
-    ] {
-        if b >= u {
-            return if b.is_multiple_of(u) {
-                format!("{} {name}", b / u)
-            } else {
-                format!("{:.1} {name}", b as f64 / u as f64)
+/// Whether `printed` is a form the `hetmem` command may print byte count `b` in, by its rule
+/// written out here rather than by a copy of its code: the largest binary unit (`B`, `KiB`,
+/// `MiB`, `GiB`, `TiB`) of which `b` is at least one; the whole count of units where `b` is a
+/// multiple of it (`64 KiB`, `512 B`), else the count to one decimal, rounded to the nearest
+/// tenth (`2.9 GiB`; either neighbour on an exact half).
+pub fn shows_bytes(printed: &str, b: u64) -> bool {
+    let Some((n, unit)) = printed.trim().split_once(' ') else {
+        return false;
+    };
+    let Some(shift) = unit_shift(unit) else {
+        return false;
+    };
+    let largest = [40, 30, 20, 10]
+        .into_iter()
+        .find(|&s| b >= 1 << s)
+        .unwrap_or(0);
+    if shift != largest {
+        return false;
+    }
+    let u = 1u64 << shift;
+    match n.split_once('.') {
+        None => n.parse::<u64>().is_ok_and(|n| n.checked_mul(u) == Some(b)),
+        Some((whole, tenth)) => {
+            if b.is_multiple_of(u) || tenth.len() != 1 {
+                return false;
+            }
+            // Tenths of a unit: |10 b / u - d| <= 1/2, in integers.
+            let Ok(d) = format!("{whole}{tenth}").parse::<u128>() else {
+                return false;
             };
+            2 * (10 * b as u128).abs_diff(d * u as u128) <= u as u128
         }
     }
-    format!("{b} B")
 }
 
-/// Parses a byte count as the `hetmem` command prints it ([`human`]'s whole forms: `64 KiB`,
-/// `2 MiB`, `512 B`). `None` for a decimal or an unknown unit.
-pub fn parse_human(s: &str) -> Option<u64> {
-    let (n, unit) = s.trim().split_once(' ')?;
-    let n: u64 = n.parse().ok()?;
-    let shift = match unit {
+/// The power of two of a unit the `hetmem` command prints (`B` 0, `KiB` 10, ... `TiB` 40).
+fn unit_shift(unit: &str) -> Option<u32> {
+    Some(match unit {
         "B" => 0,
         "KiB" => 10,
         "MiB" => 20,
         "GiB" => 30,
         "TiB" => 40,
         _ => return None,
-    };
-    n.checked_mul(1 << shift)
+    })
+}
+
+/// Parses a byte count as the `hetmem` command prints it, in the whole forms of
+/// [`shows_bytes`] (`64 KiB`, `2 MiB`, `512 B`). `None` for a decimal or an unknown unit.
+pub fn parse_human(s: &str) -> Option<u64> {
+    let (n, unit) = s.trim().split_once(' ')?;
+    let n: u64 = n.parse().ok()?;
+    n.checked_mul(1 << unit_shift(unit)?)
 }

@@ -49,48 +49,16 @@ pub mod ze {
 // that cannot apply to a backend says so through [`not_applicable_on`], with the reason, as one
 // loud `NOT APPLICABLE (<backend>) <test>: <reason>` line. Nothing is skipped silently.
 
-/// The backend the tests run on: `HETMEM_BACKEND`, default host.
-pub fn backend() -> BackendKind {
-    static B: std::sync::OnceLock<BackendKind> = std::sync::OnceLock::new();
-    *B.get_or_init(|| match std::env::var("HETMEM_BACKEND") {
-        Ok(v) => BackendKind::parse(&v).expect("HETMEM_BACKEND"),
-        Err(_) => BackendKind::Host,
-    })
-}
-
-/// Whether the tests run on the cuda backend.
-pub fn on_cuda() -> bool {
-    backend() == BackendKind::Cuda
-}
-
-/// Whether the tests run on the host backend.
-pub fn on_host() -> bool {
-    backend() == BackendKind::Host
-}
-
-/// Writes `line` to the process's stderr past the test harness's capture, so that it shows in
-/// every run's output, passed or not.
-pub fn loud(line: &str) {
-    let _ = writeln!(std::io::stderr(), "{line}");
-}
-
-/// The name of the running test (libtest names each test's thread after it), without the
-/// module path.
-pub fn test_name() -> String {
-    let t = std::thread::current();
-    let n = t.name().unwrap_or("?");
-    n.rsplit("::").next().unwrap_or(n).to_string()
-}
-
-/// Prints `line` once per test (a proptest runs its body many times).
-fn loud_once(line: String) {
-    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
-    if !seen.contains(&line) {
-        loud(&line);
-        seen.push(line);
-    }
-}
+// The backend, the loud lines and the not-applicable and skipped printers are
+// `hetmem_testkit`'s, shared with the other crates' tests; re-exported here under the names
+// the test files use. `not_applicable_on` is checked before `skip`'s availability where it
+// guards a whole test, so the count of not-applicable tests is the same on every machine.
+// (Each test binary uses a part of them.)
+#[allow(unused_imports)]
+pub use hetmem_testkit::{
+    backend, loud, not_applicable_on, on_cuda, on_host, part_not_applicable_on, test_name,
+};
+use hetmem_testkit::{loud_once, skipped};
 
 /// Why the chosen backend cannot start on this machine, if it cannot (asked once per process).
 /// Only cuda can fail that way, and only with `Uninitialized`; anything else fails the test.
@@ -121,44 +89,10 @@ pub fn skip() -> bool {
     match backend_unavailable() {
         None => false,
         Some(why) => {
-            loud_once(format!(
-                "SKIPPED ({}) {}: {why}",
-                backend().name(),
-                test_name()
-            ));
+            skipped(&why);
             true
         }
     }
-}
-
-/// True on backend `kind` after one loud `NOT APPLICABLE (<kind>) <test>: <reason>` line: the
-/// test (or the part of it this guards) cannot apply there, for the reason given, which must be
-/// a real difference of the backend. Checked before [`skip`]'s availability where it guards a
-/// whole test, so the count of not-applicable tests is the same on every machine.
-pub fn not_applicable_on(kind: BackendKind, reason: &str) -> bool {
-    if backend() != kind {
-        return false;
-    }
-    loud_once(format!(
-        "NOT APPLICABLE ({}) {}: {reason}",
-        kind.name(),
-        test_name()
-    ));
-    true
-}
-
-/// True on backend `kind` after one loud `NOT APPLICABLE (<kind>) <test> [part]: <reason>` line:
-/// the test runs, but the checks this guards (named in the reason) cannot apply there.
-pub fn part_not_applicable_on(kind: BackendKind, reason: &str) -> bool {
-    if backend() != kind {
-        return false;
-    }
-    loud_once(format!(
-        "NOT APPLICABLE ({}) {} [part]: {reason}",
-        kind.name(),
-        test_name()
-    ));
-    true
 }
 
 /// True on the host backend; elsewhere false after a loud [`part_not_applicable_on`] line for
@@ -210,12 +144,10 @@ pub fn fewer_devices_than(rt: &Runtime, n: usize) -> bool {
     if have >= n {
         return false;
     }
-    loud_once(format!(
-        "NOT APPLICABLE ({}) {}: needs {n} devices; this machine has {have}",
-        backend().name(),
-        test_name()
-    ));
-    true
+    not_applicable_on(
+        backend(),
+        &format!("needs {n} devices; this machine has {have}"),
+    )
 }
 
 /// A builder on the backend under test.
