@@ -469,17 +469,30 @@ fn count_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
-/// What each open fd refers to, for a failure message.
+/// What each open fd refers to, for a failure message: its link, and for a Unix socket its
+/// line of `/proc/self/net/unix` (which names a bound or connected path).
 fn fd_targets() -> Vec<String> {
+    let unix = std::fs::read_to_string("/proc/self/net/unix").unwrap_or_default();
     std::fs::read_dir("/proc/self/fd")
         .unwrap()
         .filter_map(|e| e.ok())
         .map(|e| {
-            let t = std::fs::read_link(e.path()).map(|p| p.display().to_string());
+            let t = std::fs::read_link(e.path())
+                .map(|p| p.display().to_string())
+                .unwrap_or_default();
+            let inode = t
+                .strip_prefix("socket:[")
+                .and_then(|x| x.strip_suffix(']'))
+                .map(str::to_string);
+            let line = inode.and_then(|i| {
+                unix.lines()
+                    .find(|l| l.split_whitespace().nth(6) == Some(i.as_str()))
+                    .map(|l| format!(" ({})", l.split_whitespace().collect::<Vec<_>>().join(" ")))
+            });
             format!(
-                "{}: {}",
+                "{}: {t}{}",
                 e.file_name().to_string_lossy(),
-                t.unwrap_or_default()
+                line.unwrap_or_default()
             )
         })
         .collect()
@@ -544,6 +557,22 @@ fn random_calls_never_crash_panic_or_leak() {
             ] {
                 run(&mut p, &o);
             }
+            // And one export that surely succeeds on every backend (device memory: host memory
+            // has no shareable handle on cuda), so the broker runs before the count.
+            let dd = ze_device_mem_alloc_desc_t {
+                stype: ZE_STRUCTURE_TYPE_DEVICE_MEM_ALLOC_DESC,
+                pNext: std::ptr::null(),
+                flags: 0,
+                ordinal: 0,
+            };
+            let mut a: H = std::ptr::null_mut();
+            assert_eq!(zeMemAllocDevice(p.ctx[0], &dd, 4096, 0, devs[0], &mut a), 0);
+            let mut ih = ze_ipc_mem_handle_t {
+                data: [0; ZE_MAX_IPC_HANDLE_SIZE],
+            };
+            assert_eq!(zeMemGetIpcHandle(p.ctx[0], a, &mut ih), 0);
+            assert_eq!(zeMemPutIpcHandle(p.ctx[0], ih), 0);
+            assert_eq!(zeMemFree(p.ctx[0], a), 0);
             for c in p.ctx.clone() {
                 let _ = zeContextDestroy(c);
             }
