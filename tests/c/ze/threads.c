@@ -86,29 +86,7 @@ int main(void) {
         if (errors[i]) fprintf(stderr, "FAIL thread %d: %d calls answered unexpectedly\n", i, errors[i]);
         EXPECT(errors[i] == 0);
     }
-    /* nothing left: every device takes its whole capacity again (two maximal allocations on
-     * the host backend's devices: maxMemAllocSize is half a device) */
-    for (uint32_t k = 0; k < e.ndev; k++) {
-        ze_device_properties_t dp = {ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES};
-        MUST(zeDeviceGetProperties(e.dev[k], &dp));
-        const uint64_t total = device_memory(e.dev[k]);
-        if (total > FILL_LIMIT) {
-            NOT_APPLICABLE("every device's whole capacity back after the threads",
-                           "device memory is %.1f GiB: filling it is not done in a test (needs <= 1 GiB)", gib(total));
-            continue;
-        }
-        if (total != 2 * dp.maxMemAllocSize) {
-            NOT_APPLICABLE("every device's whole capacity back after the threads",
-                           "device %u has %.3f GiB and maxMemAllocSize %.3f GiB (the check takes two maximal "
-                           "allocations as the whole device)", k, gib(total), gib(dp.maxMemAllocSize));
-            continue;
-        }
-        void *a = NULL, *b = NULL;
-        OK(zeMemAllocDevice(e.ctx, &DEV_DESC, dp.maxMemAllocSize, 0, e.dev[k], &a));
-        OK(zeMemAllocDevice(e.ctx, &DEV_DESC, dp.maxMemAllocSize, 0, e.dev[k], &b));
-        OK(zeMemFree(e.ctx, a));
-        OK(zeMemFree(e.ctx, b));
-    }
+    EXPECT_CAPACITY_BACK(&e, "every device's whole capacity back after the threads");
     OK(zeContextDestroy(e.ctx));
     return finish("threads");
 }
