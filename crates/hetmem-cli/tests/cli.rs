@@ -276,13 +276,18 @@ fn bench_ze_json_has_a_finite_ratio_and_added_ns_per_operation() {
     let dir = exe.parent().unwrap();
     let have_lib =
         dir.join("libze_hetmem.so").exists() || dir.join("deps/libze_hetmem.so").exists();
-    let have_loader = std::process::Command::new("sh")
-        .args([
-            "-c",
-            "PATH=$PATH:/sbin:/usr/sbin ldconfig -p | grep -q 'libze_loader.so.1 '",
-        ])
-        .status()
-        .is_ok_and(|s| s.success());
+    // Installed (ldconfig knows it) or on LD_LIBRARY_PATH (scripts/gpu-suite puts the packed
+    // loader there): where dlopen finds it.
+    let on_path = std::env::var_os("LD_LIBRARY_PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("libze_loader.so.1").exists()));
+    let have_loader = on_path
+        || std::process::Command::new("sh")
+            .args([
+                "-c",
+                "PATH=$PATH:/sbin:/usr/sbin ldconfig -p | grep -q 'libze_loader.so.1 '",
+            ])
+            .status()
+            .is_ok_and(|s| s.success());
     if !have_lib || !have_loader {
         common::skipped(if have_lib {
             "hetmem bench ze: libze_loader.so.1 is not installed"
