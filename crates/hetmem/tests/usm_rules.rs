@@ -800,3 +800,39 @@ fn ipc_handle_types_chained_on_the_allocation_descriptor_apply_to_shared_allocat
     );
     ctx.free_memory(p).unwrap();
 }
+
+/// `Device::free_memory`: on the host backend the modelled capacity less what is in use; on a
+/// GPU the driver's count (never more than the capacity). Either way a device allocation
+/// takes at least its size from it and its free gives it back.
+#[test]
+fn free_memory_drops_by_an_allocation_and_comes_back_on_its_free() {
+    if common::skip() {
+        return;
+    }
+    let rt = common::runtime_with(1, 256 << 20);
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device(0).unwrap();
+    let size = 64 << 20;
+    let before = dev.free_memory().unwrap();
+    assert!(before <= dev.info().capacity);
+    if common::on_host() {
+        assert_eq!(before, dev.info().capacity - dev.used_memory());
+    }
+    let p = ctx.alloc_device(&dev, &AllocDesc::new(size)).unwrap();
+    let during = dev.free_memory().unwrap();
+    assert!(
+        during + size as u64 <= before,
+        "{during:#x} + {size:#x} > {before:#x}"
+    );
+    ctx.free_memory(p).unwrap();
+    let after = dev.free_memory().unwrap();
+    if common::on_host() {
+        assert_eq!(after, before);
+    } else {
+        // The driver may keep a little for itself; the allocation itself is back.
+        assert!(
+            after >= during + size as u64,
+            "{after:#x} < {during:#x} + {size:#x}"
+        );
+    }
+}

@@ -227,43 +227,6 @@ fn gpu_expected(i: usize) -> u32 {
     }
 }
 
-/// The free and total bytes of GPU `ordinal` (`cuMemGetInfo` in its primary context): hetmem
-/// has no query of its own for a device's free memory. Call only once a cuda runtime is up
-/// (the driver library is loaded and initialised).
-///
-/// Errors: a driver call failing (named, with its result).
-fn gpu_memory(ordinal: u32) -> Result<(u64, u64), String> {
-    use cudarc::driver::sys;
-    let ok = |what: &str, r: sys::CUresult| {
-        if r == sys::CUresult::CUDA_SUCCESS {
-            Ok(())
-        } else {
-            Err(format!("{what} failed: {r:?}"))
-        }
-    };
-    let (mut free, mut total) = (0usize, 0usize);
-    // SAFETY: plain driver calls with valid out-pointers; the primary context retained here is
-    // pushed, popped and released again, leaving the thread's current context as it was.
-    unsafe {
-        let mut d = 0;
-        ok("cuDeviceGet", sys::cuDeviceGet(&mut d, ordinal as i32))?;
-        let mut c = std::ptr::null_mut();
-        ok(
-            "cuDevicePrimaryCtxRetain",
-            sys::cuDevicePrimaryCtxRetain(&mut c, d),
-        )?;
-        let r = ok("cuCtxPushCurrent", sys::cuCtxPushCurrent_v2(c)).and_then(|()| {
-            let r = ok("cuMemGetInfo", sys::cuMemGetInfo_v2(&mut free, &mut total));
-            let mut popped = std::ptr::null_mut();
-            let _ = sys::cuCtxPopCurrent_v2(&mut popped);
-            r
-        });
-        let _ = sys::cuDevicePrimaryCtxRelease_v2(d);
-        r?;
-    }
-    Ok((free as u64, total as u64))
-}
-
 /// The counters hetmem keeps on cuda: its record of the pages it moved or used (the CUDA driver
 /// reports no faults, evictions or residency).
 fn gpu_counters(rt: &Runtime, what: &str) -> hetmem::ManagedStats {
@@ -285,7 +248,7 @@ fn gpu_counters(rt: &Runtime, what: &str) -> hetmem::ManagedStats {
 /// Refuses (an error naming both sizes) when the scene's array would be more than a quarter of
 /// the free memory of GPU `dev`; else the GPU's free and total bytes.
 fn gpu_room(dev: &Device) -> Result<(u64, u64), String> {
-    let (free, total) = gpu_memory(dev.ordinal())?;
+    let (free, total) = (dev.free_memory().map_err(e2s)?, dev.info().capacity);
     if ARRAY as u64 > free / 4 {
         return Err(format!(
             "managed memory scene: the {} array would be more than a quarter of the {} GPU {} \

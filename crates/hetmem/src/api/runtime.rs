@@ -331,6 +331,17 @@ impl Device {
     pub fn used_memory(&self) -> u64 {
         self.shared.vm.read().stats().devices[self.ordinal as usize].used
     }
+    /// Bytes free on the device now: on a GPU what its driver reports (`cuMemGetInfo`, which
+    /// counts other processes' memory too), on the host backend's modelled devices the
+    /// capacity less [`Device::used_memory`].
+    ///
+    /// Errors: a driver that cannot answer (`Unknown`, naming the call).
+    pub fn free_memory(&self) -> Result<u64> {
+        match self.shared.backend.device_free_memory(self.ordinal)? {
+            Some(free) => Ok(free),
+            None => Ok(self.info().capacity.saturating_sub(self.used_memory())),
+        }
+    }
 }
 
 #[derive(Debug)]

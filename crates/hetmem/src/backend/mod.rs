@@ -443,6 +443,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Host: exactly one part, whose fd it takes.
     fn import_physical(&self, parts: Vec<SharedPart>) -> Result<RawPhysical>;
 
+    /// Bytes device `device` has free as its driver counts them (other processes' memory
+    /// included), or `None` where the backend's devices are modelled and the semantics layer's
+    /// capacity accounting is the answer. Host: `None`. CUDA: `cuMemGetInfo` in the device's
+    /// context.
+    fn device_free_memory(&self, _device: u32) -> Result<Option<u64>> {
+        Ok(None)
+    }
+
     /// Whether the host can read and write device memory (device USM allocations, physical
     /// memory on a device mapped in a reservation) through its addresses. Host: yes (device
     /// memory is process memory). CUDA: no (GPU memory; the host reaches it only through

@@ -448,6 +448,18 @@ pub(crate) unsafe fn host_free(p: usize) {
     let _ = unsafe { sys::cuMemFreeHost(p as *mut c_void) };
 }
 
+/// `cuMemGetInfo` in the current context: `(free, total)` bytes of its device.
+pub(crate) fn mem_get_info() -> Result<(usize, usize), HalError> {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: valid out-pointers.
+    check(
+        "cuMemGetInfo",
+        unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) },
+        true,
+    )?;
+    Ok((free, total))
+}
+
 /// `cuMemAllocManaged(&p, size, CU_MEM_ATTACH_GLOBAL)`.
 pub(crate) fn alloc_managed(size: usize) -> Result<usize, HalError> {
     let mut p: CUdeviceptr = 0;

@@ -221,13 +221,7 @@ impl ManagedResidency for CudaManaged {
 
     fn allocate(&self, size: usize, align: usize) -> Result<usize> {
         self.bind()?;
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: valid out-pointers.
-        driver::check(
-            "cuMemGetInfo",
-            unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) },
-            true,
-        )?;
+        let (free, _) = driver::mem_get_info()?;
         let extra = if align > self.page { align } else { 0 };
         if size + extra > free {
             return Err(HalError::OutOfDeviceMemory(format!(

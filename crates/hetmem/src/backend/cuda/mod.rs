@@ -894,6 +894,11 @@ impl Backend for CudaBackend {
         Ok(RawPhysical(id))
     }
 
+    fn device_free_memory(&self, device: u32) -> Result<Option<u64>> {
+        self.bind(device)?;
+        Ok(Some(driver::mem_get_info()?.0 as u64))
+    }
+
     fn shareable_fds_have_identity(&self) -> bool {
         false
     }
