@@ -51,6 +51,7 @@ use parking_lot::{RwLock, RwLockWriteGuard};
 
 use crate::backend::{Backend, Protection};
 use crate::error::{Addr, Error, Result};
+use crate::semantics::checks::{aligned, nonzero, null_check, size_multiple};
 use crate::spec::AccessAttribute;
 
 /// The backend protection that implements an access attribute.
@@ -60,40 +61,6 @@ pub(crate) fn protection(a: AccessAttribute) -> Protection {
         AccessAttribute::ReadWrite => Protection::ReadWrite,
         AccessAttribute::ReadOnly => Protection::ReadOnly,
     }
-}
-
-pub(crate) fn null_check(ptr: usize, what: &str) -> Result<()> {
-    if ptr == 0 {
-        return Err(Error::InvalidNullPointer(format!("{what} is null")));
-    }
-    Ok(())
-}
-
-pub(crate) fn nonzero(size: usize, what: &str) -> Result<()> {
-    if size == 0 {
-        return Err(Error::UnsupportedSize(format!("{what} is 0")));
-    }
-    Ok(())
-}
-
-/// `UnsupportedSize` unless `size` is a multiple of `page`.
-pub(crate) fn size_multiple(size: usize, page: usize, what: &str) -> Result<()> {
-    if !size.is_multiple_of(page) {
-        return Err(Error::UnsupportedSize(format!(
-            "{what} {size:#x} is not a multiple of its page size {page:#x}"
-        )));
-    }
-    Ok(())
-}
-
-/// `UnsupportedAlignment` unless `value` is a multiple of `page`.
-pub(crate) fn aligned(value: usize, page: usize, what: &str) -> Result<()> {
-    if !value.is_multiple_of(page) {
-        return Err(Error::UnsupportedAlignment(format!(
-            "{what} {value:#x} is not aligned to the page size {page:#x}"
-        )));
-    }
-    Ok(())
 }
 
 /// The containment rule of the range calls: `found` is the reservation `(base, size,

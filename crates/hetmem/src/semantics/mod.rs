@@ -10,6 +10,7 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`checks`] | the generic argument checks (null, zero, page multiple, alignment) |
 //! | [`ranges`] | sorted non-overlapping ranges with split / merge (the bookkeeping structure) |
 //! | [`capacity`] | per-device capacity counters |
 //! | [`access`] | per-page access attributes of reservations, read and written without the driver's lock |
@@ -25,6 +26,7 @@
 pub(crate) mod access;
 pub mod acl;
 pub(crate) mod capacity;
+pub(crate) mod checks;
 pub(crate) mod driver;
 pub(crate) mod inflight;
 pub mod ipc;

@@ -51,11 +51,10 @@ use std::sync::Arc;
 
 use crate::backend::{Backend, PhysicalLocation, RawPhysical};
 use crate::error::{Addr, Error, Result};
-pub(crate) use crate::semantics::access::{
-    aligned, nonzero, null_check, protection, size_multiple,
-};
+use crate::semantics::access::protection;
 use crate::semantics::access::{ReservationIndex, ReservationPages, UNMAPPED};
 use crate::semantics::capacity::{Charge, DeviceMemory};
+use crate::semantics::checks::{aligned, nonzero, null_check, size_multiple};
 use crate::semantics::ranges::{RangeMap, Splittable};
 pub use crate::spec::{AccessAttribute, PhysicalMemoryFlags};
 
