@@ -1,22 +1,19 @@
 //! The public module of this family: its types (from the semantics module of the same name,
-//! where the rules live) and the calls, as methods of [`crate::Context`] and [`crate::Driver`].
-
-use std::collections::HashMap;
-
-use std::sync::Arc;
+//! `crate::semantics::ipc`, where the rules live: its docs list which file holds which) and the
+//! calls, as methods of [`crate::Context`] and [`crate::Driver`], each one call into
+//! `crate::semantics::ipc`.
 
 use crate::api::runtime::{Context, Device, Driver};
-use crate::error::{Addr, Error, Result};
-use crate::semantics::inflight::InFlightRef;
+use crate::error::Result;
 pub use crate::semantics::ipc::*;
-use crate::semantics::usm::{AllocDesc, MemoryType};
+use crate::semantics::usm::AllocDesc;
 use crate::semantics::vmm::{PhysicalMemory, PhysicalMemoryFlags};
 
 impl Driver {
     /// The state of this process's IPC broker (peers served now, worker threads alive, and
     /// the broker's bounds), for leak checks.
     pub fn ipc_broker_stats(&self) -> BrokerStats {
-        self.shared.backend.broker_stats()
+        crate::semantics::ipc::broker::stats(&self.shared)
     }
 
     /// The bare transport under [`Context::open_ipc_handle`]: asks process `pid`'s broker
@@ -32,40 +29,33 @@ impl Driver {
         max_payload: usize,
         max_fds: usize,
     ) -> std::result::Result<BrokerAnswer, TransportError> {
-        self.shared
-            .backend
-            .broker_request(pid, nonce, request, max_payload, max_fds)
+        crate::semantics::ipc::broker::raw_request(
+            &self.shared,
+            pid,
+            nonce,
+            request,
+            max_payload,
+            max_fds,
+        )
     }
 
     /// The name of process `pid`'s IPC broker started with `nonce` (an abstract Unix socket
     /// name on Linux), as error messages give it.
     pub fn ipc_broker_name(&self, pid: u32, nonce: u32) -> String {
-        self.shared.backend.broker_name(pid, nonce)
+        crate::semantics::ipc::broker::name(&self.shared, pid, nonce)
     }
 
     /// Counters of this driver's IPC state: live exports, open views, and memory with recorded
     /// handle types. Not a Level Zero call. Takes the driver's locks for reading; never fails.
     pub fn ipc_stats(&self) -> IpcStats {
-        let d = &self.shared;
-        let me = Arc::as_ptr(d) as usize;
-        // Lock order: usm before vm before the view table.
-        let typed_allocations = d.usm.read().ipc_typed();
-        let typed_physical = d.vm.read().ipc_typed();
-        let views = IMPORTS.lock().values().filter(|r| r.driver == me).count();
-        let exports = EXPORTS.lock().values().filter(|r| r.driver == me).count();
-        IpcStats {
-            exports,
-            views,
-            typed_allocations,
-            typed_physical,
-        }
+        crate::semantics::ipc::registry::stats(&self.shared)
     }
 
     /// Most `(physical object, offset, length)` pieces one range handle of this driver carries
     /// ([`crate::RuntimeBuilder::ipc_max_range_pieces`]; default
     /// [`DEFAULT_MAX_RANGE_PIECES`]). Not a Level Zero call.
     pub fn ipc_max_range_pieces(&self) -> usize {
-        self.shared.ipc_max_range_pieces
+        crate::semantics::ipc::export::max_range_pieces(&self.shared)
     }
 }
 
@@ -78,7 +68,7 @@ impl Context {
     /// of this context and no mapped page, or in imported system memory; as
     /// [`Context::get_ipc_handle_with_properties`] otherwise. Nothing changes on error.
     pub fn get_ipc_handle(&self, ptr: usize) -> Result<IpcHandle> {
-        self.get_ipc_handle_with_properties(ptr, &IpcProperties::default())
+        crate::semantics::ipc::export::get(self.d(), self.id(), ptr, &IpcProperties::default())
     }
 
     /// `zeMemGetIpcHandleWithProperties`: as [`Context::get_ipc_handle`], with the chained
@@ -108,58 +98,7 @@ impl Context {
         ptr: usize,
         props: &IpcProperties,
     ) -> Result<IpcHandle> {
-        if ptr == 0 {
-            return Err(Error::InvalidNullPointer("IPC pointer is null".into()));
-        }
-        let asked = props.handle_types.unwrap_or(IpcHandleTypes::DEFAULT);
-        check_handle_types(asked, SUPPORTED_TYPES, None)?;
-        if let Some(size) = props.range_size {
-            return self.export_range(ptr, size, asked);
-        }
-        let drv = self.driver();
-        let d = &drv.shared;
-        let usm = d.usm.read();
-        if let Some((_, span, kind, _, ctx, raw)) = usm.ipc_source(ptr) {
-            if ctx != self.id() {
-                return Err(Error::InvalidArgument(format!(
-                    "{} is an allocation of another context",
-                    Addr(ptr)
-                )));
-            }
-            let Some(raw) = raw.filter(|_| kind != MemoryType::HostImported) else {
-                return Err(Error::InvalidArgument(format!(
-                    "{} is imported system memory, which has no shareable memory object",
-                    Addr(ptr)
-                )));
-            };
-            check_handle_types(asked, SUPPORTED_TYPES, usm.ipc_types(ptr))?;
-            let parts = d.backend.export_allocation(raw)?;
-            let capacity = usm.ipc_charge(ptr).into_iter().collect();
-            drop(usm);
-            let pieces = whole_pieces(&parts, span as u64);
-            return register(
-                d.backend.as_ref(),
-                Arc::as_ptr(d) as usize,
-                self.id(),
-                IpcHandleKind::Allocation,
-                kind,
-                span,
-                parts,
-                pieces,
-                1,
-                (0, 0),
-                capacity,
-            );
-        }
-        drop(usm);
-        let phys = d.vm.read().pointer_info(ptr).and_then(|v| v.mapped);
-        match phys {
-            Some((id, _, _)) => self.export_physical(id, asked),
-            None => Err(Error::InvalidArgument(format!(
-                "{} is in no allocation of this context and no mapped page of a reservation",
-                Addr(ptr)
-            ))),
-        }
+        crate::semantics::ipc::export::get(self.d(), self.id(), ptr, props)
     }
 
     /// A handle for the whole physical memory object `phys` (`phys.size` bytes; the importer's
@@ -184,204 +123,7 @@ impl Context {
         phys: PhysicalMemory,
         handle_types: Option<IpcHandleTypes>,
     ) -> Result<IpcHandle> {
-        let asked = handle_types.unwrap_or(IpcHandleTypes::DEFAULT);
-        check_handle_types(asked, SUPPORTED_TYPES, None)?;
-        self.export_physical(phys.id, asked)
-    }
-
-    fn export_physical(&self, id: u64, asked: IpcHandleTypes) -> Result<IpcHandle> {
-        let drv = self.driver();
-        let d = &drv.shared;
-        let vm = d.vm.read();
-        let (raw, size, loc) = match vm.physical_raw(id) {
-            Some((raw, size, ctx, loc)) if ctx == self.id() => (raw, size, loc),
-            _ => {
-                return Err(Error::InvalidArgument(format!(
-                    "physical memory {id} is not a live object of this context"
-                )))
-            }
-        };
-        check_handle_types(asked, SUPPORTED_TYPES, vm.physical_ipc_types(id))?;
-        let parts = d.backend.export_physical(raw)?;
-        let capacity = vm.physical_charge(id).into_iter().collect();
-        drop(vm);
-        let pieces = whole_pieces(&parts, size as u64);
-        register(
-            d.backend.as_ref(),
-            Arc::as_ptr(d) as usize,
-            self.id(),
-            IpcHandleKind::Physical,
-            location_type(loc),
-            size,
-            parts,
-            pieces,
-            1,
-            (0, 0),
-            capacity,
-        )
-    }
-
-    /// The range export of [`Context::get_ipc_handle_with_properties`]; `asked` has passed the
-    /// backend check and is checked against every object's types here.
-    fn export_range(&self, ptr: usize, size: usize, asked: IpcHandleTypes) -> Result<IpcHandle> {
-        if size == 0 {
-            return Err(Error::InvalidSize("IPC range size is 0".into()));
-        }
-        let page = mapping_granularity(self.driver_shared().backend.as_ref());
-        let end = ptr.checked_add(size).ok_or_else(|| {
-            Error::InvalidArgument(format!("IPC range {} + {size:#x} overflows", Addr(ptr)))
-        })?;
-        // The range may start and end at any byte ("an arbitrary offset within a mapped
-        // range"); what travels is the whole pages it touches, with the bytes before and after.
-        let first = ptr / page * page;
-        let last = end.checked_next_multiple_of(page).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "IPC range {} + {size:#x} ends in the last page of the address space",
-                Addr(ptr)
-            ))
-        })?;
-        let lead = (ptr - first) as u32;
-        let tail = (last - end) as u32;
-        let drv = self.driver();
-        let d = &drv.shared;
-        // Memory that is not reserved VA: managed (its lock is never held with usm or vm, so
-        // asked first), IPC views, USM allocations and imports -> InvalidArgument.
-        if let Some((s, e)) = d.managed.overlapping(ptr, end) {
-            return Err(Error::InvalidArgument(format!(
-                "IPC range [{}, {}) includes the managed allocation [{}, {}); range handles \
-                 cover reserved VA mapped to physical memory only",
-                Addr(ptr),
-                Addr(end),
-                Addr(s),
-                Addr(e)
-            )));
-        }
-        // Lock order: usm before vm before the view table.
-        let usm = d.usm.read();
-        if let Some((s, e)) = view_overlapping(ptr, end) {
-            return Err(Error::InvalidArgument(format!(
-                "IPC range [{}, {}) includes the opened IPC view [{}, {}); range handles cover \
-                 reserved VA mapped to physical memory only",
-                Addr(ptr),
-                Addr(end),
-                Addr(s),
-                Addr(e)
-            )));
-        }
-        if let Some((s, e)) = usm.overlapping(ptr, end) {
-            return Err(Error::InvalidArgument(format!(
-                "IPC range [{}, {}) includes the USM allocation [{}, {}); range handles cover \
-                 reserved VA mapped to physical memory only",
-                Addr(ptr),
-                Addr(end),
-                Addr(s),
-                Addr(e)
-            )));
-        }
-        let vm = d.vm.read();
-        drop(usm);
-        let runs = vm.mapped_pieces(first, last).map_err(|hole| {
-            Error::AddressNotFound(format!(
-                "IPC range [{}, {}) is not fully mapped: {} is not mapped to physical memory",
-                Addr(ptr),
-                Addr(end),
-                Addr(hole.clamp(ptr, end - 1))
-            ))
-        })?;
-        let limit = d.ipc_max_range_pieces;
-        let run_count = runs.len();
-        if runs.len() > limit {
-            return Err(Error::UnsupportedSize(format!(
-                "IPC range [{}, {}) has {} mapped pieces; a range handle carries at most {limit}",
-                Addr(ptr),
-                Addr(end),
-                runs.len()
-            )));
-        }
-        // Each object is exported once, as parts (one on the host, one per granule on a GPU);
-        // `index` maps it to its first part and its parts' sizes.
-        let mut index: HashMap<u64, (u32, std::ops::Range<usize>)> = HashMap::new();
-        let mut mem = MemoryType::Device;
-        let mut parts: Vec<crate::backend::SharedPart> = Vec::new();
-        let mut part_sizes: Vec<u64> = Vec::new();
-        let mut capacity = Vec::new();
-        let mut pieces = Vec::with_capacity(runs.len());
-        for (phys, offset, len) in runs {
-            let (first, sizes) = match index.get(&phys) {
-                Some(x) => x.clone(),
-                None => {
-                    let raw = match vm.physical_raw(phys) {
-                        Some((raw, _, ctx, loc)) if ctx == self.id() => {
-                            if parts.is_empty() {
-                                mem = location_type(loc);
-                            }
-                            raw
-                        }
-                        _ => {
-                            return Err(Error::InvalidArgument(format!(
-                                "IPC range [{}, {}) maps physical memory {phys} of another \
-                                 context",
-                                Addr(ptr),
-                                Addr(end)
-                            )))
-                        }
-                    };
-                    check_handle_types(asked, SUPPORTED_TYPES, vm.physical_ipc_types(phys))
-                        .map_err(|e| {
-                            Error::UnsupportedFeature(format!(
-                                "IPC range [{}, {}) maps physical memory {phys}: {}",
-                                Addr(ptr),
-                                Addr(end),
-                                e.message()
-                            ))
-                        })?;
-                    let exported = d.backend.export_physical(raw)?;
-                    capacity.extend(vm.physical_charge(phys));
-                    let first = parts.len() as u32;
-                    let sizes = part_sizes.len()..part_sizes.len() + exported.len();
-                    part_sizes.extend(exported.iter().map(|p| p.size));
-                    parts.extend(exported);
-                    index.insert(phys, (first, sizes.clone()));
-                    (first, sizes)
-                }
-            };
-            pieces.extend(run_pieces(
-                &part_sizes[sizes],
-                first,
-                offset as u64,
-                len as u64,
-            ));
-        }
-        drop(vm);
-        // Only the parts a piece names travel; the others are closed here.
-        let mut used = vec![false; parts.len()];
-        for p in &pieces {
-            used[p.obj as usize] = true;
-        }
-        let mut renumber = vec![0u32; parts.len()];
-        let mut kept = Vec::with_capacity(parts.len());
-        for (i, (part, u)) in parts.into_iter().zip(used).enumerate() {
-            if u {
-                renumber[i] = kept.len() as u32;
-                kept.push(part);
-            }
-        }
-        for p in &mut pieces {
-            p.obj = renumber[p.obj as usize];
-        }
-        register(
-            d.backend.as_ref(),
-            Arc::as_ptr(d) as usize,
-            self.id(),
-            IpcHandleKind::Range,
-            mem,
-            last - first,
-            kept,
-            pieces,
-            run_count,
-            (lead, tail),
-            capacity,
-        )
+        crate::semantics::ipc::export::physical(self.d(), self.id(), phys.id, handle_types)
     }
 
     /// `zeMemOpenIpcHandle`: maps what `handle` shares into a fresh range of this process and
@@ -400,44 +142,7 @@ impl Context {
     /// than this driver's [`Driver::ipc_max_range_pieces`]; `OutOfHostMemory` if the OS
     /// refuses. Nothing changes on error (no view, no fd kept).
     pub fn open_ipc_handle(&self, handle: &IpcHandle, flags: u32) -> Result<usize> {
-        if flags > (IPC_MEMORY_FLAG_BIAS_CACHED | IPC_MEMORY_FLAG_BIAS_UNCACHED) {
-            return Err(Error::InvalidEnumeration(format!(
-                "IPC memory flags {flags:#x} exceed BIAS_CACHED | BIAS_UNCACHED (0x3)"
-            )));
-        }
-        let h = decode(handle)?;
-        let drv = self.driver();
-        let d = &drv.shared;
-        let m = material(d.backend.as_ref(), &h, handle, d.ipc_max_range_pieces)?;
-        validate(d.backend.as_ref(), &m)?;
-        // A range starting or ending inside a page: the view maps the whole pages, the range is
-        // what lies between the bytes before and after it.
-        let (lead, tail) = (h.lead as usize, h.tail as usize);
-        if lead + tail >= m.size {
-            return Err(Error::InvalidArgument(format!(
-                "the handle trims {lead:#x} + {tail:#x} bytes off a view of {:#x}",
-                m.size
-            )));
-        }
-        let align = d.vm.read().page_size(m.size);
-        let map_size = m.size;
-        let capacity = m.capacity.clone();
-        let base = map_view(d.backend.as_ref(), align, m)?;
-        IMPORTS.lock().insert(
-            base + lead,
-            ImportRec {
-                size: map_size - lead - tail,
-                map_base: base,
-                map_size,
-                context: self.id(),
-                driver: Arc::as_ptr(d) as usize,
-                mem: h.mem,
-                id: crate::semantics::capacity::fresh_id(),
-                page_size: align,
-                capacity,
-            },
-        );
-        Ok(base + lead)
+        crate::semantics::ipc::import::open(self.d(), self.id(), handle, flags)
     }
 
     /// Imports the physical memory object a physical-object handle shares (from
@@ -461,43 +166,12 @@ impl Context {
         handle: &IpcHandle,
         device: &Device,
     ) -> Result<PhysicalMemory> {
-        self.check_device(device)?;
-        let h = decode(handle)?;
-        if h.kind != IpcHandleKind::Physical {
-            return Err(Error::InvalidArgument(format!(
-                "the handle shares {:?}, not one physical memory object",
-                h.kind
-            )));
-        }
-        let d = self.driver_shared();
-        let m = material(d.backend.as_ref(), &h, handle, d.ipc_max_range_pieces)?;
-        validate(d.backend.as_ref(), &m)?;
-        let size = m.size;
-        // A physical object travels as its parts, whole and in order.
-        let whole = m.pieces.len() == m.fds.len()
-            && m.pieces
-                .iter()
-                .enumerate()
-                .all(|(i, p)| p.obj as usize == i && p.offset == 0);
-        if !whole || m.fds.is_empty() {
-            return Err(Error::InvalidArgument(format!(
-                "the export of a physical object must be its {} parts whole and in order",
-                m.fds.len()
-            )));
-        }
-        let parts = m
-            .fds
-            .into_iter()
-            .zip(m.sizes)
-            .map(|(fd, size)| crate::backend::SharedPart { fd, size })
-            .collect();
-        let raw = d.backend.import_physical(parts)?;
-        let location = match h.mem {
-            MemoryType::Device => crate::backend::PhysicalLocation::Device(device.ordinal()),
-            _ => crate::backend::PhysicalLocation::Host,
-        };
-        let phys = d.vm.write().insert_imported(raw, self.id(), location, size);
-        Ok(phys)
+        crate::semantics::ipc::import::import_physical(
+            self.d(),
+            self.id(),
+            handle,
+            (&device.shared, device.ordinal()),
+        )
     }
 
     /// `zeMemCloseIpcHandle`: unmaps the view that [`Context::open_ipc_handle`] returned at
@@ -508,38 +182,7 @@ impl Context {
     /// start of an open view of this context (interior pointers, closed views, other
     /// contexts' views, any other memory). Nothing changes on error.
     pub fn close_ipc_handle(&self, ptr: usize) -> Result<()> {
-        if ptr == 0 {
-            return Err(Error::InvalidNullPointer("pointer to close is null".into()));
-        }
-        let drv = self.driver();
-        let inflight = &drv.shared.inflight;
-        let mut im = loop {
-            let im = IMPORTS.lock();
-            match im.get(&ptr) {
-                Some(r) if r.context == self.id() => {}
-                _ => {
-                    return Err(Error::InvalidArgument(format!(
-                        "{} is not a pointer returned by open_ipc_handle in this context",
-                        Addr(ptr)
-                    )))
-                }
-            }
-            if !inflight.is_referenced_ref(InFlightRef::View(ptr)) {
-                break im;
-            }
-            drop(im);
-            inflight.wait_unreferenced_ref(InFlightRef::View(ptr));
-        };
-        let r = im.get(&ptr).expect("checked under this lock");
-        let (base, size) = (r.map_base, r.map_size);
-        // SAFETY: the whole view we mapped at open.
-        unsafe {
-            drv.shared
-                .backend
-                .release_mapped(base, size, &[(base, base + size)])?
-        };
-        im.remove(&ptr);
-        Ok(())
+        crate::semantics::ipc::import::close(self.d(), self.id(), ptr)
     }
 
     /// `zeMemPutIpcHandle`: releases what the export of `handle` holds (its fds; the memory
@@ -549,34 +192,7 @@ impl Context {
     /// exported by another process or context, one already put, or one whose context is gone.
     /// Nothing changes on error.
     pub fn put_ipc_handle(&self, handle: &IpcHandle) -> Result<()> {
-        let h = decode(handle)?;
-        if h.pid != own_pid() {
-            return Err(Error::InvalidArgument(format!(
-                "handle was exported by process {}, not this one ({})",
-                h.pid,
-                own_pid()
-            )));
-        }
-        let mut ex = EXPORTS.lock();
-        match ex.get(&h.id) {
-            Some(r) if r.context == self.id() && token_eq(&r.token, &h.token) => {}
-            Some(_) => {
-                return Err(Error::InvalidArgument(format!(
-                    "export {} belongs to another context or the token is wrong",
-                    h.id
-                )))
-            }
-            None => {
-                return Err(Error::InvalidArgument(format!(
-                    "export {} was already put or never existed",
-                    h.id
-                )))
-            }
-        }
-        let rec = ex.remove(&h.id).expect("checked");
-        drop(ex);
-        drop(rec);
-        Ok(())
+        crate::semantics::ipc::import::put(self.id(), handle)
     }
 
     /// `zeMemGetIpcHandleFromFileDescriptorExp`: the IPC handle for the memory behind `fd`, a
@@ -595,87 +211,7 @@ impl Context {
     /// empty; `UnsupportedFeature` on a backend whose fds carry no identity (cuda: see
     /// `Backend::shareable_fds_have_identity`). Nothing changes (no fd is kept or closed).
     pub fn ipc_handle_from_fd(&self, fd: i32) -> Result<IpcHandle> {
-        if fd < 0 {
-            return Err(Error::InvalidArgument(format!(
-                "file descriptor {fd} is negative"
-            )));
-        }
-        let backend = self.driver_shared().backend.as_ref();
-        if !backend.shareable_fds_have_identity() {
-            // SAFETY: only inspected; a number that is not open fails.
-            check_received_fd(
-                backend,
-                unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
-                1,
-            )?;
-            return Err(Error::UnsupportedFeature(format!(
-                "the {} backend's shareable handles cannot be traced back to their memory from \
-                 the fd alone (every one is a descriptor of the same device file); open the \
-                 IPC handle itself instead",
-                backend.name()
-            )));
-        }
-        // SAFETY: only inspected (identity, checks); a number that is not open fails.
-        let b = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-        let id = backend
-            .shareable_identity(b)
-            .ok_or_else(|| Error::InvalidArgument(format!("file descriptor {fd} is not open")))?;
-        check_received_fd(backend, b, 1)?;
-        let dev32 = u32::try_from(id.dev).map_err(|_| {
-            Error::InvalidArgument(format!(
-                "st_dev {:#x} of fd {fd} does not fit 32 bits",
-                id.dev
-            ))
-        })?;
-        {
-            let ex = EXPORTS.lock();
-            for (&eid, rec) in ex.iter() {
-                if rec.kind == IpcHandleKind::Range || rec.context != self.id() {
-                    continue;
-                }
-                let first = rec.fds.first().expect("an export has an fd");
-                let same = backend
-                    .shareable_identity(std::os::fd::AsFd::as_fd(first))
-                    .is_some_and(|f| f.dev == id.dev && f.ino == id.ino);
-                if same {
-                    let nonce = start_broker(backend)?;
-                    return Ok(encode(
-                        fd,
-                        &Decoded {
-                            kind: rec.kind,
-                            mem: rec.mem,
-                            pid: own_pid(),
-                            nonce,
-                            id: eid,
-                            token: rec.token,
-                            size: rec.size,
-                            ino: id.ino,
-                            dev: dev32,
-                            pieces: 1,
-                            lead: 0,
-                            tail: 0,
-                        },
-                    ));
-                }
-            }
-        }
-        Ok(encode(
-            fd,
-            &Decoded {
-                kind: IpcHandleKind::Allocation,
-                mem: MemoryType::Device,
-                pid: 0,
-                nonce: 0,
-                id: 0,
-                token: [0; 16],
-                size: id.size,
-                ino: id.ino,
-                dev: dev32,
-                pieces: 1,
-                lead: 0,
-                tail: 0,
-            },
-        ))
+        crate::semantics::ipc::import::handle_from_fd(self.d(), self.id(), fd)
     }
 
     /// `zeMemAllocDevice` with `ze_ipc_mem_handle_type_ext_desc_t` chained: the same as
@@ -726,20 +262,13 @@ impl Context {
         size: usize,
         types: IpcHandleTypes,
     ) -> Result<PhysicalMemory> {
-        check_handle_types(types, SUPPORTED_TYPES, None)?;
-        if let Some(dev) = device {
-            self.check_device(dev)?;
-        }
-        let d = self.driver_shared();
-        let mut vm = d.vm.write();
-        let p = vm.create_physical(
-            d.backend.as_ref(),
+        crate::semantics::ipc::export::create_physical_with_types(
+            self.d(),
             self.id(),
-            device.map(|x| x.ordinal()),
+            device.map(|x| (&*x.shared, x.ordinal())),
             flags,
             size,
-        )?;
-        vm.set_physical_ipc_types(self.id(), p.id, types);
-        Ok(p)
+            types,
+        )
     }
 }

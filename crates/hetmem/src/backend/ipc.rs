@@ -3,7 +3,8 @@
 //! and the checks and identity of a shareable handle).
 //!
 //! The handle format, every rule about what a request means and what to answer, and every error
-//! code live in the semantics layer ([`crate::ipc`]); a backend only moves bytes and
+//! code live in the semantics layer (`crate::semantics::ipc`: the format in `format.rs`, the
+//! broker's answers in `broker.rs`); a backend only moves bytes and
 //! shareable handles (POSIX file descriptors on both the host and the CUDA backend:
 //! a memfd, or what `cuMemExportToShareableHandle(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)`
 //! returns).

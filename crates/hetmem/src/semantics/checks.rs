@@ -40,3 +40,14 @@ pub(crate) fn aligned(value: usize, page: usize, what: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// `InvalidNullHandle` unless the device of ordinal `ordinal`, of driver `device_driver`, is a
+/// device of driver `d` (the same driver state, compared by address).
+pub(crate) fn check_device<D>(d: &D, device_driver: &D, ordinal: u32) -> Result<()> {
+    if !std::ptr::eq(d, device_driver) {
+        return Err(Error::InvalidNullHandle(format!(
+            "device {ordinal} belongs to another driver"
+        )));
+    }
+    Ok(())
+}

@@ -19,8 +19,15 @@
 //! | [`managed`] | ACL managed memory: argument rules, advice records, attributes, stream holds (residency is the backend's) |
 //! | [`inflight`] | in-flight references of queued work and the frees waiting for them |
 //! | [`driver`] | the state of one driver (the above, the backend, in-flight references) |
+//! | [`ipc::format`] | the 64-byte IPC handle (encode / decode), the broker's answer, pieces |
+//! | [`ipc::handle_types`] | the IPC handle-type rules (DEFAULT, FABRIC_ACCESSIBLE, types chained at creation) |
+//! | [`ipc::registry`] | the process-wide IPC export and view tables, export ids, tokens, statistics |
+//! | [`ipc::views`] | opened IPC views: mapping one, range, properties, overlap, the queues' operand table |
+//! | [`ipc::broker`] | what this process's IPC broker answers, starting it, asking another's |
+//! | [`ipc::export`] | IPC get: allocation, physical object, range; physical memory created with handle types |
+//! | [`ipc::import`] | IPC open, physical import, close, put, handle from an fd, context teardown |
+//! | [`ipc`] | the IPC family's re-exports and its file table |
 //! | [`queue`] | in-flight references, command validation, submission, free policies |
-//! | [`ipc`] | the IPC handle format, exports, opens, range handles |
 //! | [`acl`] | ACL argument rules that are no family's state (sizes, counts, flags, properties) |
 
 pub(crate) mod access;

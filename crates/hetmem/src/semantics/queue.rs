@@ -108,7 +108,7 @@ pub(crate) struct Operand {
 pub(crate) fn check_operand(
     usm: &UsmState,
     vm: &VmState,
-    views: &crate::ipc::Views<'_>,
+    views: &crate::semantics::ipc::Views<'_>,
     op: Operand,
 ) -> Result<InFlightRef> {
     let what = if op.write { "destination" } else { "source" };
@@ -176,7 +176,7 @@ pub(crate) fn check_operand(
 pub(crate) fn check_all(d: &DriverShared, cmds: &[Cmd], hold: bool) -> Result<Vec<InFlightRef>> {
     let usm = d.usm.read();
     let vm = d.vm.read();
-    let views = crate::ipc::views(d);
+    let views = crate::semantics::ipc::views(d);
     // The gates of the reservations the operands lie in, in address order: no set-access on
     // them runs between the access check and the references (see `crate::semantics::access`).
     let gates = if hold {
@@ -649,7 +649,7 @@ pub(crate) fn owning_device(d: &DriverShared, ptr: usize) -> Option<u32> {
 pub(crate) fn hold(d: &Arc<DriverShared>, o: Operand) -> Result<HeldOperand> {
     let usm = d.usm.read();
     let vm = d.vm.read();
-    let views = crate::ipc::views(d);
+    let views = crate::semantics::ipc::views(d);
     let gates = vm.gates_for([o.ptr]);
     let _held: Vec<_> = gates.iter().map(|p| p.exclusive()).collect();
     let r = check_operand(&usm, &vm, &views, o)?;

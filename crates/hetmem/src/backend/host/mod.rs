@@ -491,19 +491,21 @@ mod tests {
             1 << 16,
             SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL,
         );
-        assert!(crate::ipc::check_received_fd(&b, ok.as_fd(), 1 << 16).is_ok());
-        let e = crate::ipc::check_received_fd(&b, ok.as_fd(), (1 << 16) + 1).unwrap_err();
+        assert!(crate::semantics::ipc::import::check_received_fd(&b, ok.as_fd(), 1 << 16).is_ok());
+        let e = crate::semantics::ipc::import::check_received_fd(&b, ok.as_fd(), (1 << 16) + 1)
+            .unwrap_err();
         assert_eq!(e.ze_result(), 0x7800_0004, "{e}");
         assert!(e.message().contains("holds"), "{e}");
         for seals in [SealFlags::empty(), SealFlags::GROW, SealFlags::SHRINK] {
             let f = memfd(1 << 16, seals);
-            let e = crate::ipc::check_received_fd(&b, f.as_fd(), 1 << 16).unwrap_err();
+            let e = crate::semantics::ipc::import::check_received_fd(&b, f.as_fd(), 1 << 16)
+                .unwrap_err();
             assert_eq!(e.ze_result(), 0x7800_0004, "{seals:?}");
             assert!(e.message().contains("not sealed"), "{e}");
         }
         // Not a memfd at all: a pipe.
         let (r, _w) = rustix::pipe::pipe().unwrap();
-        let e = crate::ipc::check_received_fd(&b, r.as_fd(), 1).unwrap_err();
+        let e = crate::semantics::ipc::import::check_received_fd(&b, r.as_fd(), 1).unwrap_err();
         assert_eq!(e.ze_result(), 0x7800_0004);
         assert!(e.message().contains("not a sealable memfd"), "{e}");
     }
