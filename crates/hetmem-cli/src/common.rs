@@ -8,13 +8,21 @@ pub fn e2s(e: hetmem::Error) -> String {
 }
 
 /// The runtime of `hetmem info` and `hetmem demo`: the configuration of the environment
-/// (`HETMEM_BACKEND`, `HETMEM_HOST_*`), with the backend `--backend` names if given.
+/// (`HETMEM_BACKEND`, `HETMEM_HOST_*`), with the backend `--backend` names if given. Each
+/// value the runtime adjusted ([`hetmem::HostConfig::adjustments`]) is a warning on stderr.
 pub fn runtime_from_env(backend: Option<&str>) -> Result<Runtime, String> {
     let mut b = hetmem::RuntimeBuilder::from_env().map_err(e2s)?;
     if let Some(k) = backend {
         b = b.backend(hetmem::BackendKind::parse(k).map_err(e2s)?);
     }
-    b.build().map_err(e2s)
+    let rt = b.build().map_err(e2s)?;
+    // Values the runtime did not take as given (e.g. a largest allocation above the device).
+    if let Some(c) = rt.driver().host_config() {
+        for a in &c.adjustments {
+            eprintln!("hetmem: warning: {a}");
+        }
+    }
+    Ok(rt)
 }
 
 /// The fixed set-up of a benchmark or a scene: a host-backend runtime with one device of

@@ -19,6 +19,7 @@ mod workload;
 
 use std::path::PathBuf;
 
+use crate::args::{count, seconds};
 use crate::info::human;
 use kvcache::{KvCache, Layout};
 use server::{serve, Job, Stats, StepView};
@@ -30,26 +31,27 @@ use workload::TRACE_ATTRIBUTION;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Transformer layers; each has one K and one V buffer.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, allow_negative_numbers = true, value_parser = count::<u32>(1, 1024))]
     layers: u32,
     /// KV heads per layer.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, allow_negative_numbers = true, value_parser = count::<u32>(1, 1 << 16))]
     kv_heads: u32,
     /// Dimension of each head.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, allow_negative_numbers = true, value_parser = count::<u32>(1, 1 << 16))]
     head_dim: u32,
     /// Bytes per element (2 for fp16 / bf16).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, allow_negative_numbers = true, value_parser = count::<u32>(1, 64))]
     bytes_per_element: u32,
     /// Requests served at once (each owns one slot of every buffer).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, allow_negative_numbers = true, value_parser = count::<u32>(1, 1 << 16))]
     batch_slots: u32,
-    /// Maximum context per request, in tokens; longer requests are clipped (and counted).
-    #[arg(long, default_value_t = 8192)]
+    /// Maximum context per request, in tokens (at least 2: a prompt token and an output token);
+    /// longer requests are clipped (and counted).
+    #[arg(long, default_value_t = 8192, allow_negative_numbers = true, value_parser = count::<u32>(2, u32::MAX as u64))]
     max_context: u32,
     /// Number of requests: with --trace, the first ones of the trace (default: all of it);
     /// else the length of the synthetic stream (default: 64).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = count::<usize>(1, MAX_REQUESTS))]
     requests: Option<usize>,
     /// Page size: the unit mapped at a time, one physical object each. Must be an answer of
     /// the page-size query (64K or 2M on the host backend). Default: the query's answer for
@@ -60,10 +62,10 @@ pub struct Args {
     #[arg(long)]
     backend: Option<String>,
     /// Devices to spread the layers over, pipeline-style (default: all of the driver's).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = count::<u32>(1, 1 << 16))]
     devices: Option<u32>,
     /// Seed of the synthetic request stream.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     seed: u64,
     /// Which scene to run (default: all of them, the KV cache first).
     #[arg(long, value_enum, default_value_t = Scene::All)]
@@ -78,7 +80,7 @@ pub struct Args {
     quiet: bool,
     /// Seconds between progress lines when stderr is not a terminal (0: a line whenever a
     /// request finishes). On a terminal the progress bar updates in place.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, allow_negative_numbers = true, value_parser = seconds(1e6))]
     progress_interval: f64,
     /// Draw the KV cache's memory over the replay and the map / unmap latency distribution into
     /// this SVG file.
@@ -89,30 +91,11 @@ pub struct Args {
     json: Option<PathBuf>,
 }
 
-/// Checks `1 <= v <= max` (the caps keep bookkeeping allocations sane on absurd input).
-fn in_range(v: u64, max: u64, what: &str) -> Result<(), String> {
-    if v == 0 || v > max {
-        return Err(format!(
-            "--{what} {v} is out of range: 1 to {}",
-            thousands(max)
-        ));
-    }
-    Ok(())
-}
+/// The most requests a run takes (the caps of the counts keep bookkeeping allocations sane on
+/// absurd input).
+const MAX_REQUESTS: u64 = 10_000_000;
 
-/// `1234567` as `1,234,567`.
-fn thousands(v: u64) -> String {
-    let s = v.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        let left = s.len() - i;
-        if i > 0 && left / 3 * 3 == left {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
+pub(crate) use crate::args::thousands;
 
 /// The `q` quantile (nearest rank) of `v`, in microseconds.
 fn quantile_us(v: &mut [u64], q: f64) -> f64 {
@@ -153,6 +136,12 @@ impl Scene {
 }
 
 pub fn run(args: Args) -> Result<(), String> {
+    // The counts' ranges are checked as they are parsed (`crate::args`); the output files
+    // here, before any scene runs, so that a long replay is not thrown away at its end.
+    crate::args::check_outputs(&[
+        ("--plot", args.plot.as_deref()),
+        ("--json", args.json.as_deref()),
+    ])?;
     let scenes = match args.scene {
         Scene::All => Scene::ALL.to_vec(),
         one => vec![one],
@@ -174,23 +163,6 @@ pub fn run(args: Args) -> Result<(), String> {
 
 /// The growable KV cache scene.
 fn run_kv_cache(args: &Args) -> Result<(), String> {
-    in_range(args.layers as u64, 1024, "layers")?;
-    in_range(args.kv_heads as u64, 1 << 16, "kv-heads")?;
-    in_range(args.head_dim as u64, 1 << 16, "head-dim")?;
-    in_range(args.bytes_per_element as u64, 64, "bytes-per-element")?;
-    in_range(args.batch_slots as u64, 1 << 16, "batch-slots")?;
-    if let Some(n) = args.requests {
-        in_range(n as u64, 10_000_000, "requests")?;
-    }
-    if !(args.progress_interval >= 0.0 && args.progress_interval <= 1e6) {
-        return Err(format!(
-            "--progress-interval {} is out of range: 0 to 1000000 seconds",
-            args.progress_interval
-        ));
-    }
-    if args.max_context < 2 {
-        return Err("--max-context must be at least 2 (a prompt token and an output token)".into());
-    }
     let tok_bytes = args.kv_heads as u64 * args.head_dim as u64 * args.bytes_per_element as u64;
     if tok_bytes < 8 {
         return Err(format!(
@@ -225,6 +197,8 @@ fn run_kv_cache(args: &Args) -> Result<(), String> {
             )
         }
     };
+    // Trace rows of 0 prompt or 0 output tokens: served as they are, counted and reported.
+    let zero = workload::ZeroRows::of(&reqs);
     let max = args.max_context;
     let mut clipped = 0usize;
     let jobs: Vec<Job> = reqs
@@ -299,6 +273,9 @@ fn run_kv_cache(args: &Args) -> Result<(), String> {
 
     println!("hetmem demo: a growable KV cache over virtual memory (vAttention-style)");
     println!("input:        {source}");
+    if let Some(z) = zero.describe() {
+        println!("trace rows:   {z}");
+    }
     println!(
         "model:        {} layers x {} KV heads x head dim {} x {} B: {} per token per layer \
          for K and as much for V, {} per token",
@@ -334,12 +311,10 @@ fn run_kv_cache(args: &Args) -> Result<(), String> {
         thousands((page / tok_bytes) as u64)
     );
 
-    let all_tokens: u64 = jobs.iter().map(|j| j.total as u64).sum();
     let mut progress = progress::Progress::new(
         args.quiet,
         std::time::Duration::from_secs_f64(args.progress_interval),
         jobs.len(),
-        all_tokens,
         page,
     );
     let mut series = plot::Series::new(1500);
@@ -424,6 +399,10 @@ fn run_kv_cache(args: &Args) -> Result<(), String> {
         secs(tag_check_ns),
         stats.wall.as_secs_f64()
     );
+    if args.trace.is_some() {
+        fig.insert("trace_rows_zero_prompt".into(), zero.prompt.len().into());
+        fig.insert("trace_rows_zero_output".into(), zero.output.len().into());
+    }
     fig.insert("map_total_s".into(), secs(m).into());
     fig.insert("unmap_total_s".into(), secs(u).into());
     fig.insert("tag_write_total_s".into(), secs(tag_write_ns).into());

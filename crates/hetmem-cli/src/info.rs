@@ -58,22 +58,42 @@ pub fn run(args: Args) -> Result<(), String> {
         std::env::var("HETMEM_BACKEND").unwrap_or_else(|_| "(unset: host)".into())
     );
     if let Some(c) = drv.host_config() {
+        // A value the runtime changed says so on its line (and as a warning on stderr,
+        // `common::runtime_from_env`).
+        let adjusted = |var: &str, field: &str| -> String {
+            c.adjustments
+                .iter()
+                .filter(|a| a.field == field)
+                .map(|a| {
+                    let by = if a.setting.starts_with(&format!("{var}=")) {
+                        String::new()
+                    } else {
+                        format!(" by {}", a.setting)
+                    };
+                    format!("; adjusted{by} from {} bytes: {}", a.asked, a.reason)
+                })
+                .collect()
+        };
+        let env = |var: &str, unset: &str| std::env::var(var).unwrap_or_else(|_| unset.into());
         println!(
             "  HETMEM_HOST_DEVICES={} (env: {})",
             c.devices,
-            std::env::var("HETMEM_HOST_DEVICES").unwrap_or_else(|_| "unset, default 2".into())
+            env("HETMEM_HOST_DEVICES", "unset, default 2")
         );
         println!(
-            "  HETMEM_HOST_DEVICE_MEMORY={} (env: {})",
+            "  HETMEM_HOST_DEVICE_MEMORY={} (env: {}{})",
             c.device_memory,
-            std::env::var("HETMEM_HOST_DEVICE_MEMORY")
-                .unwrap_or_else(|_| "unset, default a quarter of RAM split between devices".into())
+            env(
+                "HETMEM_HOST_DEVICE_MEMORY",
+                "unset, default a quarter of RAM split between devices"
+            ),
+            adjusted("HETMEM_HOST_DEVICE_MEMORY", "device_memory")
         );
         println!(
-            "  HETMEM_HOST_MAX_ALLOC={} (env: {})",
+            "  HETMEM_HOST_MAX_ALLOC={} (env: {}{})",
             c.max_alloc_size,
-            std::env::var("HETMEM_HOST_MAX_ALLOC")
-                .unwrap_or_else(|_| "unset, default half a device".into())
+            env("HETMEM_HOST_MAX_ALLOC", "unset, default half a device"),
+            adjusted("HETMEM_HOST_MAX_ALLOC", "max_alloc_size")
         );
     }
     managed_info(&rt, &ctx);

@@ -1,5 +1,6 @@
 //! `hetmem`: information, the KV-cache demo, and benchmarks.
 
+mod args;
 mod bench;
 mod common;
 mod demo;

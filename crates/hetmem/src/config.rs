@@ -73,6 +73,37 @@ pub struct HostConfig {
     pub device_memory: u64,
     /// Largest single allocation on each device, in bytes (at most `device_memory`).
     pub max_alloc_size: u64,
+    /// The settings the runtime did not take as given, in the order it changed them (empty
+    /// when every value is in force as asked): for `hetmem info`, warnings and any front
+    /// that reports the configuration.
+    pub adjustments: Vec<Adjustment>,
+}
+
+/// A configuration value the runtime changed instead of taking it as given: which setting,
+/// what was asked, what is in force, and why. Sizes in bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Adjustment {
+    /// The setting as it was given: `HETMEM_HOST_MAX_ALLOC=10G` from the environment, or the
+    /// builder call, `host_max_alloc_size(10737418240)`.
+    pub setting: String,
+    /// The field of [`HostConfig`] it changed (`max_alloc_size`, `device_memory`).
+    pub field: &'static str,
+    /// The value asked for (or, for a derived value, what the rule gave before the limit).
+    pub asked: u64,
+    /// The value in force.
+    pub used: u64,
+    /// Why, e.g. `more than a device's memory (1073741824 bytes)`.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Adjustment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {} {} bytes is {}; using {} bytes",
+            self.setting, self.field, self.asked, self.reason, self.used
+        )
+    }
 }
 
 impl HostConfig {
@@ -87,6 +118,7 @@ impl HostConfig {
             devices,
             device_memory,
             max_alloc_size: round(device_memory / 2).max(2 << 20),
+            adjustments: Vec::new(),
         }
     }
 }

@@ -80,7 +80,7 @@ pub use semantics::acl;
 pub use semantics::ranges;
 
 pub use api::runtime::{Context, Device, Driver, Runtime, RuntimeBuilder};
-pub use config::{parse_bytes, BackendConfig, BackendKind, HostConfig};
+pub use config::{parse_bytes, Adjustment, BackendConfig, BackendKind, HostConfig};
 pub use error::{AclCode, Error, Result};
 pub use ipc::{IpcHandle, IpcHandleKind, IpcHandleTypes, IpcProperties};
 pub use managed::{

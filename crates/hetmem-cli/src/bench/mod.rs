@@ -30,13 +30,13 @@ pub struct Args {
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
     /// Operations per round and size.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, allow_negative_numbers = true, value_parser = crate::args::count::<usize>(1, 10_000_000))]
     pub iters: usize,
     /// Rounds (hetmem and baseline alternate; the median round counts).
-    #[arg(long, default_value_t = 7)]
+    #[arg(long, default_value_t = 7, allow_negative_numbers = true, value_parser = crate::args::count::<usize>(1, 10_000))]
     pub rounds: usize,
     /// Live mappings during the get-access measurement (vmm).
-    #[arg(long, default_value_t = 50_000)]
+    #[arg(long, default_value_t = 50_000, allow_negative_numbers = true, value_parser = crate::args::count::<usize>(0, 10_000_000))]
     pub live_mappings: usize,
 }
 
@@ -88,6 +88,8 @@ pub fn json_extra(key: &str, v: f64) {
 pub const GROUPS: [&str; 8] = ["vmm", "usm", "ipc", "managed", "kv", "ze", "acl", "cuda"];
 
 pub fn run(args: Args) -> Result<(), String> {
+    // Before the group runs (minutes for some), not when its figures are ready.
+    crate::args::check_outputs(&[("--json", args.json.as_deref())])?;
     let rows = match args.group.as_str() {
         "vmm" => vmm::bench(&args)?,
         "usm" => usm::bench(&args)?,

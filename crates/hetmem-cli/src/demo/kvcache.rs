@@ -388,6 +388,10 @@ impl KvCache {
 
     /// Writes the tags of tokens `seq.tokens..tokens` in every buffer (their pages are mapped).
     fn write_new_tags(&self, seq: &Seq, tokens: u32) -> Result<(), Error> {
+        if tokens <= seq.tokens {
+            // Nothing new (a trace row of 0 prompt tokens is admitted with none).
+            return Ok(());
+        }
         let tb = self.layout.tok_bytes;
         for b in 0..self.nbufs() {
             let (layer, kv) = Self::buf_kv(b);
@@ -431,6 +435,10 @@ impl KvCache {
     }
 
     fn check_all_tags(&self, seq: &Seq) -> Result<u64, BadTag> {
+        if seq.tokens == 0 {
+            // No tokens, no tags (a request of 0 prompt and 0 output tokens).
+            return Ok(0);
+        }
         let tb = self.layout.tok_bytes;
         let n = seq.tokens as usize * tb;
         let bad = |b: usize, token: u32| {

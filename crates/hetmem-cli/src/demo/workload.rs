@@ -20,7 +20,8 @@ pub struct Request {
 
 /// Reads the first `limit` requests of a CSV in the Azure LLM inference trace format
 /// (`TIMESTAMP,ContextTokens,GeneratedTokens` with a header line), in file order, which is the
-/// trace's arrival order. A prompt of 0 tokens counts as 1 (every request needs a slot).
+/// trace's arrival order. Rows of 0 prompt or 0 output tokens are kept as they are
+/// ([`ZeroRows`] counts them for the report).
 pub fn read_trace(path: &Path, limit: usize) -> Result<Vec<Request>, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read trace {}: {e}", path.display()))?;
@@ -56,7 +57,7 @@ pub fn parse_trace(text: &str, limit: usize) -> Result<Vec<Request>, String> {
                 .map_err(|_| format!("line {}: {what} {f:?} is not a token count", i + 1))
         };
         out.push(Request {
-            prompt: num(ctx_col, "ContextTokens")?.max(1),
+            prompt: num(ctx_col, "ContextTokens")?,
             output: num(gen_col, "GeneratedTokens")?,
         });
     }
@@ -64,6 +65,60 @@ pub fn parse_trace(text: &str, limit: usize) -> Result<Vec<Request>, String> {
         return Err("no requests after the header".into());
     }
     Ok(out)
+}
+
+/// The requests of a trace with 0 prompt tokens and with 0 output tokens, by index (the request
+/// ids of the replay, 0-based in file order). They are served as they are: a request of 0
+/// prompt tokens starts with an empty KV cache (its first entry is its first generated token);
+/// one of 0 output tokens is its prompt only.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ZeroRows {
+    pub prompt: Vec<usize>,
+    pub output: Vec<usize>,
+}
+
+impl ZeroRows {
+    pub fn of(reqs: &[Request]) -> ZeroRows {
+        let ids = |f: fn(&Request) -> bool| {
+            reqs.iter()
+                .enumerate()
+                .filter(|(_, r)| f(r))
+                .map(|(i, _)| i)
+                .collect()
+        };
+        ZeroRows {
+            prompt: ids(|r| r.prompt == 0),
+            output: ids(|r| r.output == 0),
+        }
+    }
+
+    /// `3 with 0 prompt tokens (requests 1, 5, 9), ...`, or `None` when there are none.
+    pub fn describe(&self) -> Option<String> {
+        let list = |v: &[usize]| {
+            let mut s: Vec<String> = v.iter().take(5).map(|i| i.to_string()).collect();
+            if v.len() > 5 {
+                s.push("...".into());
+            }
+            let noun = if v.len() == 1 { "request" } else { "requests" };
+            format!("{noun} {}", s.join(", "))
+        };
+        let mut parts = Vec::new();
+        if !self.prompt.is_empty() {
+            parts.push(format!(
+                "{} with 0 prompt tokens ({}; served with an empty prompt, not as 1 token)",
+                self.prompt.len(),
+                list(&self.prompt)
+            ));
+        }
+        if !self.output.is_empty() {
+            parts.push(format!(
+                "{} with 0 output tokens ({}; served as the prompt alone)",
+                self.output.len(),
+                list(&self.output)
+            ));
+        }
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
 }
 
 /// splitmix64 (Steele, Lea, Flood 2014): a small, good, seedable generator; no dependency.
@@ -174,7 +229,7 @@ mod tests {
                     output: 44
                 },
                 Request {
-                    prompt: 1,
+                    prompt: 0,
                     output: 109
                 }
             ]

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::backend::{Backend, DeviceInfo};
-use crate::config::{parse_bytes, BackendConfig, BackendKind, HostConfig};
+use crate::config::{parse_bytes, Adjustment, BackendConfig, BackendKind, HostConfig};
 use crate::error::{Error, Result};
 use crate::semantics::capacity::DeviceMemory;
 use crate::semantics::driver::DriverShared;
@@ -25,7 +25,13 @@ pub struct RuntimeBuilder {
     backend: BackendKind,
     host: HostConfig,
     ipc_max_range_pieces: usize,
+    /// How the largest single allocation was given (`HETMEM_HOST_MAX_ALLOC=10G`, or the
+    /// builder call), for an [`Adjustment`] that names it; `None` while it is the default.
+    max_alloc_setting: Option<String>,
 }
+
+/// The smallest host device [`RuntimeBuilder::from_env`] derives from `HETMEM_HOST_DEVICES`.
+const MIN_DERIVED_DEVICE_MEMORY: u64 = 64 << 20;
 
 impl RuntimeBuilder {
     /// Chooses the backend.
@@ -44,11 +50,16 @@ impl RuntimeBuilder {
     pub fn host_device_memory(mut self, bytes: u64) -> Self {
         self.host.device_memory = bytes;
         self.host.max_alloc_size = (bytes / 2).max(1);
+        self.max_alloc_setting = None;
+        self.host.adjustments.retain(|a| a.field != "device_memory");
         self
     }
-    /// Largest single allocation of each host-backend device in bytes.
+    /// Largest single allocation of each host-backend device in bytes. More than a device's
+    /// memory is lowered to it by [`RuntimeBuilder::build`], which records an [`Adjustment`]
+    /// ([`HostConfig::adjustments`]).
     pub fn host_max_alloc_size(mut self, bytes: u64) -> Self {
         self.host.max_alloc_size = bytes;
+        self.max_alloc_setting = Some(format!("host_max_alloc_size({bytes})"));
         self
     }
     /// Most `(physical object, offset, length)` pieces one IPC range handle of this driver
@@ -62,6 +73,8 @@ impl RuntimeBuilder {
     }
 
     /// The configuration from the environment (see the module docs), on top of the defaults.
+    /// `HETMEM_HOST_DEVICES` alone splits the default memory between the devices, at least
+    /// 64 MiB each: where that minimum applies, [`HostConfig::adjustments`] says so.
     ///
     /// Errors: `InvalidArgument`, naming the variable and its value, for a `HETMEM_BACKEND`
     /// that is not `host` or `cuda`, a `HETMEM_HOST_DEVICES` that is not a count, or a
@@ -81,7 +94,21 @@ impl RuntimeBuilder {
             let d = HostConfig::default_for_machine();
             if n > 0 {
                 let per = (d.device_memory * d.devices as u64 / n as u64) / (2 << 20) * (2 << 20);
-                b = b.host_device_memory(per.max(64 << 20));
+                b = b.host_device_memory(per.max(MIN_DERIVED_DEVICE_MEMORY));
+                if per < MIN_DERIVED_DEVICE_MEMORY {
+                    b.host.adjustments.push(Adjustment {
+                        setting: format!("HETMEM_HOST_DEVICES={v}"),
+                        field: "device_memory",
+                        asked: per,
+                        used: MIN_DERIVED_DEVICE_MEMORY,
+                        reason: format!(
+                            "the default memory ({} bytes) split {n} ways, below the {} byte \
+                             minimum of a device (set HETMEM_HOST_DEVICE_MEMORY to choose)",
+                            d.device_memory * d.devices as u64,
+                            MIN_DERIVED_DEVICE_MEMORY
+                        ),
+                    });
+                }
             }
         }
         for var in ["HETMEM_HOST_DEVICE_MEMORY", "HETMEM_HOST_MAX_ALLOC"] {
@@ -97,11 +124,16 @@ impl RuntimeBuilder {
                 "HETMEM_HOST_DEVICE_MEMORY" => b.host_device_memory(n),
                 _ => b.host_max_alloc_size(n),
             };
+            if var == "HETMEM_HOST_MAX_ALLOC" {
+                b.max_alloc_setting = Some(format!("{var}={v}"));
+            }
         }
         Ok(b)
     }
 
-    /// Starts the runtime: makes the backend and its driver.
+    /// Starts the runtime: makes the backend and its driver. A largest single allocation above
+    /// the device memory is lowered to it, recorded in [`HostConfig::adjustments`] (and logged
+    /// as a `tracing` warning, as every adjustment is).
     ///
     /// Errors: `InvalidArgument` for a host backend with 0 devices, 0 bytes of device memory
     /// or a largest single allocation of 0 bytes (the message names the value);
@@ -132,7 +164,25 @@ impl RuntimeBuilder {
             }
         }
         // The largest single allocation cannot exceed the device.
-        self.host.max_alloc_size = self.host.max_alloc_size.min(self.host.device_memory);
+        if self.backend == BackendKind::Host && self.host.max_alloc_size > self.host.device_memory {
+            let (asked, used) = (self.host.max_alloc_size, self.host.device_memory);
+            self.host.adjustments.push(Adjustment {
+                setting: self
+                    .max_alloc_setting
+                    .clone()
+                    .unwrap_or_else(|| format!("host_max_alloc_size({asked})")),
+                field: "max_alloc_size",
+                asked,
+                used,
+                reason: format!("more than a device's memory ({used} bytes)"),
+            });
+            self.host.max_alloc_size = used;
+        }
+        if self.backend == BackendKind::Host {
+            for a in &self.host.adjustments {
+                tracing::warn!("configuration adjusted: {a}");
+            }
+        }
         let (backend, config): (Box<dyn Backend>, BackendConfig) = match self.backend {
             BackendKind::Host => (
                 crate::backend::create_host(
@@ -186,6 +236,7 @@ impl Runtime {
             backend: BackendKind::Host,
             host: HostConfig::default_for_machine(),
             ipc_max_range_pieces: crate::semantics::ipc::DEFAULT_MAX_RANGE_PIECES,
+            max_alloc_setting: None,
         }
     }
 
