@@ -166,6 +166,9 @@ impl Progress {
             let timer = std::thread::Builder::new()
                 .name("hetmem-progress".into())
                 .spawn(move || {
+                    if interval <= FIRST_LINE {
+                        return;
+                    }
                     if let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(FIRST_LINE) {
                         let mut st = lock(&shared);
                         if st.last.is_none() {
@@ -205,9 +208,11 @@ impl Progress {
                 let mut st = lock(state);
                 st.latest = Some(*v);
                 let due = match st.last {
+                    // With an interval below a second, lines come as requests finish.
                     None => {
                         let e = self.fmt.start.elapsed();
-                        e >= FIRST_LINE || (finished && e >= st.interval)
+                        (st.interval > FIRST_LINE && e >= FIRST_LINE)
+                            || (finished && e >= st.interval)
                     }
                     Some(t) => finished && t.elapsed() >= st.interval,
                 };
