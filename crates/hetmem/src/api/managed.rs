@@ -1,56 +1,34 @@
 //! The public module of this family: its types (from the semantics module of the same name,
-//! where the rules live) and the calls, as methods of [`crate::Context`] and [`crate::Driver`].
-
-use parking_lot::Mutex;
-use std::sync::Arc;
+//! where the rules live: `semantics/managed/`, one file per group of spec functions) and the
+//! calls, as methods of [`crate::Context`], [`crate::Driver`] and [`Stream`], each one call
+//! into that module.
 
 pub use crate::api::platform::{current_numa_node, numa_nodes};
-use crate::api::queue::CommandQueue;
 use crate::api::runtime::{Context, Device, Driver};
-use crate::backend::managed::DeviceOperand;
-use crate::error::{AclCode, Addr, Error, Result};
-pub use crate::semantics::managed::*;
+use crate::error::Result;
+use crate::semantics::managed as sm;
+pub use crate::semantics::managed::alloc::{ManagedDeviceStats, ManagedStats};
+pub use crate::semantics::managed::host::Residency;
+pub use crate::semantics::managed::state::{MANAGED_PAGE_SIZE, MAX_MANAGED_PER_PROCESS};
+pub use crate::semantics::managed::stream::DeviceBuffer;
+pub use crate::spec::{location_type, Advice, Location, RangeAttribute, ACL_RT_MEM_ATTACH_GLOBAL};
 
-/// An in-order stream on one device (`aclrtStream`), on the device queue machinery
-/// ([`CommandQueue`]): prefetches, copies, fills and launched work run in submission order, on
-/// the device's engine. Dropping it (`aclrtDestroyStream`) waits for its work.
+/// An in-order stream on one device (`aclrtStream`), on the device queue machinery (one engine
+/// of the device, as a [`crate::CommandQueue`] has): prefetches, copies, fills and launched work
+/// run in submission order, on the device's engine. Dropping it (`aclrtDestroyStream`) waits
+/// for its work.
 #[derive(Debug)]
 pub struct Stream {
-    queue: CommandQueue,
-    core: Arc<Core>,
-    error: Arc<Mutex<Option<Error>>>,
-}
-
-/// One buffer of [`Stream::launch`]ed work: the device address of `[ptr, ptr+len)`.
-#[derive(Debug, Clone, Copy)]
-pub struct DeviceBuffer {
-    /// Where the device reaches the buffer (valid only during the work).
-    pub ptr: *mut u8,
-    /// Bytes.
-    pub len: usize,
+    // Dropped first: the engine runs what is queued, then joins, before the context goes.
+    inner: sm::stream::ManagedStream,
+    device: Device,
+    _ctx: Context,
 }
 
 impl Stream {
     /// The device the stream runs on.
     pub fn device(&self) -> &Device {
-        self.queue.device()
-    }
-
-    fn dev(&self) -> u32 {
-        self.queue.device().ordinal()
-    }
-
-    /// Queues `f`; `hold` (the managed allocations it references) is released once it has run.
-    fn enqueue(&self, hold: QueuedHold, f: impl FnOnce(&Core) -> Result<()> + Send + 'static) {
-        let core = self.core.clone();
-        let err = self.error.clone();
-        self.queue.submit_host(Box::new(move || {
-            let r = f(&core);
-            drop(hold);
-            if let Err(e) = r {
-                err.lock().get_or_insert(e);
-            }
-        }));
+        &self.device
     }
 
     /// Waits for everything submitted before (`aclrtSynchronizeStream`).
@@ -60,11 +38,7 @@ impl Stream {
     /// usable. Managed memory is never freed under queued work ([`Context::free_managed`]
     /// waits for it).
     pub fn synchronize(&self) -> Result<()> {
-        self.queue.synchronize(u64::MAX)?;
-        match self.error.lock().take() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        self.inner.synchronize()
     }
 
     /// Stream-ordered `aclrtMemcpyAsync` of `count` bytes (overlap behaves as `memmove`),
@@ -80,50 +54,7 @@ impl Stream {
     /// `ACL_ERROR_RT_PARAM_INVALID` (107000) for a non-managed side that is not memory the driver knows
     /// (or read-only memory as the destination).
     pub fn memcpy_async(&self, dst: usize, src: usize, count: usize) -> Result<()> {
-        if dst == 0 || src == 0 {
-            return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
-        }
-        let (dm, sm, hold) = {
-            let mut st = self.core.state.lock();
-            let dm = self.core.find(&st, dst).is_some();
-            let sm = self.core.find(&st, src).is_some();
-            if !dm && !sm {
-                return Err(Error::Acl(
-                    AclCode::RtParamInvalid,
-                    format!(
-                        "neither {} nor {} is inside managed memory",
-                        Addr(dst),
-                        Addr(src)
-                    ),
-                ));
-            }
-            if dm {
-                self.core.check_range(&st, dst, count)?;
-            }
-            if sm {
-                self.core.check_range(&st, src, count)?;
-            }
-            let managed: Vec<usize> = [(dst, dm), (src, sm)]
-                .iter()
-                .filter(|&&(_, m)| m)
-                .map(|&(a, _)| a)
-                .collect();
-            let hold = QueuedHold::take(&self.core, &mut st, &managed);
-            (dm, sm, hold)
-        };
-        // The plain side (at most one), held in flight until the copy has run.
-        let held = match (dm, sm) {
-            (false, _) => Some(self.queue.hold_operand(dst, count, true)?),
-            (_, false) => Some(self.queue.hold_operand(src, count, false)?),
-            _ => None,
-        };
-        let d = self.dev();
-        self.enqueue(hold, move |c| {
-            let r = device_copy(c.res.as_ref(), d, (dst, dm), (src, sm), count);
-            drop(held);
-            r
-        });
-        Ok(())
+        self.inner.memcpy_async(dst, src, count)
     }
 
     /// Stream-ordered `aclrtMemsetAsync`: `count` bytes at `ptr` (inside one managed
@@ -134,21 +65,7 @@ impl Stream {
     /// Errors (nothing queued): `ACL_ERROR_INVALID_PARAM` (100000); `ACL_ERROR_RT_PARAM_INVALID` (107000) for
     /// a range not inside one managed allocation.
     pub fn memset_async(&self, ptr: usize, value: u8, count: usize) -> Result<()> {
-        if ptr == 0 {
-            return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
-        }
-        let hold = {
-            let mut st = self.core.state.lock();
-            self.core.check_range(&st, ptr, count)?;
-            QueuedHold::take(&self.core, &mut st, &[ptr])
-        };
-        let d = self.dev();
-        self.enqueue(hold, move |c| {
-            c.res
-                .device_fill(d, ptr, value, count)
-                .map_err(residency_error)
-        });
-        Ok(())
+        self.inner.memset_async(ptr, value, count)
     }
 
     /// Launches device work (what `aclrtLaunchKernel` runs; hetmem's stand-in for a kernel)
@@ -180,53 +97,11 @@ impl Stream {
         buffers: &[(usize, usize, bool)],
         work: impl FnOnce(&[DeviceBuffer]) + Send + 'static,
     ) -> Result<()> {
-        let hold = {
-            let mut st = self.core.state.lock();
-            for &(p, l, _) in buffers {
-                if p == 0 {
-                    return Err(Error::Acl(
-                        AclCode::InvalidParam,
-                        "buffer pointer is null".into(),
-                    ));
-                }
-                self.core.check_range(&st, p, l)?;
-            }
-            let addrs: Vec<usize> = buffers.iter().map(|&(p, _, _)| p).collect();
-            QueuedHold::take(&self.core, &mut st, &addrs)
-        };
-        let d = self.dev();
-        let bufs = buffers.to_vec();
-        self.enqueue(hold, move |c| {
-            // Every page migrates to the device and stays there (pinned) while `work` runs,
-            // with no lock held.
-            let addrs = c.res.prepare(d, &bufs).map_err(residency_error)?;
-            let dev: Vec<DeviceBuffer> = bufs
-                .iter()
-                .zip(addrs)
-                .map(|(&(_, l, _), a)| DeviceBuffer {
-                    ptr: a as *mut u8,
-                    len: l,
-                })
-                .collect();
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || work(&dev)));
-            c.res.release(&bufs);
-            r.map_err(|_| {
-                Error::Acl(
-                    AclCode::RtDrvInternalError,
-                    "launched device work panicked".into(),
-                )
-            })
-        });
-        Ok(())
+        self.inner.launch(buffers, work)
     }
 }
 
 impl Context {
-    fn managed(&self) -> Result<&Arc<Core>> {
-        let d = self.driver_shared();
-        d.managed.core(d.backend.as_ref())
-    }
-
     /// Allocates `size` bytes of managed memory (`aclrtMemAllocManaged`), rounded up to a
     /// multiple of 2 MiB, 2 MiB-aligned, reachable from the host and every device. Pages are
     /// populated on first touch (contents not initialised; fresh pages read zero here).
@@ -237,8 +112,7 @@ impl Context {
     /// `ACL_ERROR_RT_FEATURE_NOT_SUPPORT` (207000) where the platform cannot migrate on faults (the message
     /// says why).
     pub fn alloc_managed(&self, size: u64, flag: u32) -> Result<usize> {
-        let rounded = check_alloc_args(size, flag)?;
-        self.managed()?.allocate(self.id(), rounded)
+        sm::alloc::allocate(self.driver_shared(), self.id(), size, flag)
     }
 
     /// Frees managed memory (`aclrtFree`): `ptr` must be the base of a live managed allocation
@@ -251,10 +125,7 @@ impl Context {
     /// other pointer (interior, unknown, freed, another context's); `UnsupportedFeature`
     /// (207000) where managed memory is unavailable.
     pub fn free_managed(&self, ptr: usize) -> Result<()> {
-        if ptr == 0 {
-            return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
-        }
-        self.managed()?.free(self.id(), ptr)
+        sm::alloc::free(self.driver_shared(), self.id(), ptr)
     }
 
     /// Whether the byte at `ptr` is inside a live managed allocation of this driver (any
@@ -263,10 +134,7 @@ impl Context {
     /// query of hetmem's own (the spec has no call for it). Any alignment; never fails (false
     /// before the first managed allocation).
     pub fn is_managed(&self, ptr: usize) -> bool {
-        let d = self.driver_shared();
-        d.managed
-            .existing()
-            .is_some_and(|c| c.find(&c.state.lock(), ptr).is_some())
+        sm::alloc::is_managed(self.driver_shared(), ptr)
     }
 
     /// Host-synchronous `aclrtMemset`: sets `count` bytes at `ptr` (inside one managed
@@ -277,10 +145,7 @@ impl Context {
     /// range not inside one managed allocation (or overflowing); `ACL_ERROR_RT_FEATURE_NOT_SUPPORT` (207000)
     /// where managed memory is unavailable.
     pub fn managed_memset(&self, ptr: usize, value: u8, count: usize) -> Result<()> {
-        let core = self.check_host_range(ptr, count)?;
-        // SAFETY: the range is inside a live managed allocation. No lock is held here.
-        unsafe { core.res.host_fill(ptr, value, count) };
-        Ok(())
+        sm::host::memset(self.driver_shared(), ptr, value, count)
     }
 
     /// Host-synchronous `aclrtMemcpy` of `count` bytes (overlap behaves as `memmove`) by the
@@ -297,80 +162,7 @@ impl Context {
     /// managed range running past its allocation, a plain range that is not mapped with the
     /// access needed or runs into managed memory, or when neither side is managed.
     pub fn managed_memcpy(&self, dst: usize, src: usize, count: usize) -> Result<()> {
-        if dst == 0 || src == 0 {
-            return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
-        }
-        let core = self.managed()?;
-        // A plain side that is not process memory mapped with the access needed, with why.
-        let mut unreachable = None;
-        let (dm, sm) = {
-            let st = core.state.lock();
-            let dm = core.find(&st, dst).is_some();
-            let sm = core.find(&st, src).is_some();
-            if !dm && !sm {
-                return Err(Error::Acl(
-                    AclCode::RtParamInvalid,
-                    format!(
-                        "neither {} nor {} is inside managed memory",
-                        Addr(dst),
-                        Addr(src)
-                    ),
-                ));
-            }
-            for (p, managed, write) in [(dst, dm, true), (src, sm, false)] {
-                if managed {
-                    core.check_range(&st, p, count)?;
-                } else {
-                    let end = p.checked_add(count).ok_or_else(|| {
-                        Error::Acl(
-                            AclCode::RtParamInvalid,
-                            format!("{} + {count:#x} overflows", Addr(p)),
-                        )
-                    })?;
-                    if let Some((&b, _)) = st.allocs.range(p..end).next() {
-                        return Err(Error::Acl(
-                            AclCode::RtParamInvalid,
-                            format!(
-                                "[{}, {}) runs into the managed allocation at {}",
-                                Addr(p),
-                                Addr(end),
-                                Addr(b)
-                            ),
-                        ));
-                    }
-                    if let Err(e) =
-                        check_process_memory(self.driver_shared().backend.as_ref(), p, count, write)
-                    {
-                        unreachable = Some((p, write, e));
-                    }
-                }
-            }
-            (dm, sm)
-        };
-        if let Some((p, write, host_err)) = unreachable {
-            // Not process memory: device memory of this driver is copied by a device.
-            match self.device_side(p, count, write) {
-                None => return Err(host_err),
-                Some(Err(e)) => return Err(e),
-                Some(Ok(())) => {}
-            }
-            let d = self.driver_shared_arc();
-            let _held = crate::semantics::queue::hold(
-                d,
-                crate::semantics::queue::Operand {
-                    ptr: p,
-                    size: count,
-                    write,
-                },
-            )
-            .map_err(|e| Error::Acl(AclCode::RtParamInvalid, e.message().to_string()))?;
-            let device = crate::semantics::queue::owning_device(d, p).unwrap_or(0);
-            return device_copy(core.res.as_ref(), device, (dst, dm), (src, sm), count);
-        }
-        // SAFETY: managed sides are inside live managed allocations (no lock is held here);
-        // plain sides are mapped with the access needed.
-        unsafe { core.res.host_copy(dst, src, count) };
-        Ok(())
+        sm::ops::memcpy(self.driver_shared_arc(), dst, src, count)
     }
 
     /// Host-synchronous `aclrtMemcpy` of `count` bytes between any two kinds of memory (overlap
@@ -396,77 +188,8 @@ impl Context {
     /// be written (no Rust reference, no other owner depends on those bytes) and that nothing
     /// writes `src` meanwhile. This is the C contract of `aclrtMemcpy`; a C ABI passes it on.
     pub unsafe fn host_memcpy(&self, dst: usize, src: usize, count: usize) -> Result<()> {
-        if dst == 0 || src == 0 {
-            return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
-        }
-        if self.is_managed(dst) || self.is_managed(src) {
-            return self.managed_memcpy(dst, src, count);
-        }
-        let s = self.check_plain(src, count, false);
-        let d = self.check_plain(dst, count, true);
-        if let (Ok(()), Ok(())) = (&s, &d) {
-            // SAFETY: both ranges are mapped with the access needed (checked); memmove.
-            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, count) };
-            return Ok(());
-        }
-        // A side the host cannot reach may be device memory of this driver (the cuda
-        // backend's): the device copies.
-        let mut device_sides = Vec::new();
-        for (r, p, write) in [(s, src, false), (d, dst, true)] {
-            if let Err(host_err) = r {
-                match self.device_side(p, count, write) {
-                    None => return Err(host_err),
-                    Some(Err(e)) => return Err(e),
-                    Some(Ok(())) => {}
-                }
-                device_sides.push(crate::semantics::queue::Operand {
-                    ptr: p,
-                    size: count,
-                    write,
-                });
-            }
-        }
-        crate::semantics::queue::device_sync_op(
-            self.driver_shared_arc(),
-            &device_sides,
-            crate::backend::EngineOp::Copy {
-                dst,
-                src,
-                size: count,
-            },
-        )
-    }
-
-    /// For a side the host cannot reach: `None` if it is not memory of this driver (or the
-    /// backend's device memory is host-accessible, as on the host backend:
-    /// [`crate::backend::Backend::device_memory_host_accessible`]), else whether a device can
-    /// reach it with the access needed, as a queue operand is checked (the error names what
-    /// is wrong: past the end, a page not mapped, a READONLY page for a write).
-    fn device_side(&self, p: usize, count: usize, write: bool) -> Option<Result<()>> {
-        let d = self.driver_shared();
-        if d.backend.device_memory_host_accessible() {
-            return None;
-        }
-        let usm = d.usm.read();
-        let vm = d.vm.read();
-        let views = crate::ipc::views(d);
-        let known = usm.operand_info(p).is_some()
-            || vm.pointer_info(p).is_some()
-            || views.range(p).is_some();
-        known.then(|| {
-            crate::semantics::queue::check_operand(
-                &usm,
-                &vm,
-                &views,
-                crate::semantics::queue::Operand {
-                    ptr: p,
-                    size: count,
-                    write,
-                },
-            )
-            .map(|_| ())
-            .map_err(|e| Error::Acl(AclCode::RtParamInvalid, e.message().to_string()))
-        })
+        // SAFETY: the caller's contract, passed on.
+        unsafe { sm::ops::host_memcpy(self.driver_shared_arc(), dst, src, count) }
     }
 
     /// Host-synchronous `aclrtMemset` of `count` bytes at `ptr` to `value`, any memory: managed
@@ -481,62 +204,8 @@ impl Context {
     /// # Safety
     /// As [`Context::host_memcpy`]: the caller guarantees `[ptr, ptr + count)` may be written.
     pub unsafe fn host_memset(&self, ptr: usize, value: u8, count: usize) -> Result<()> {
-        if ptr == 0 {
-            return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
-        }
-        if self.is_managed(ptr) {
-            return self.managed_memset(ptr, value, count);
-        }
-        if let Err(host_err) = self.check_plain(ptr, count, true) {
-            // Device memory the host cannot reach (the cuda backend's): the device fills.
-            match self.device_side(ptr, count, true) {
-                None => return Err(host_err),
-                Some(Err(e)) => return Err(e),
-                Some(Ok(())) => {}
-            }
-            return crate::semantics::queue::device_sync_op(
-                self.driver_shared_arc(),
-                &[crate::semantics::queue::Operand {
-                    ptr,
-                    size: count,
-                    write: true,
-                }],
-                crate::backend::EngineOp::Fill {
-                    ptr,
-                    pattern: vec![value],
-                    size: count,
-                },
-            );
-        }
-        // SAFETY: the range is mapped writable (checked).
-        unsafe { std::ptr::write_bytes(ptr as *mut u8, value, count) };
-        Ok(())
-    }
-
-    /// A plain (not managed) side of a host copy: no overflow, no managed byte, mapped with
-    /// the access needed.
-    fn check_plain(&self, p: usize, count: usize, write: bool) -> Result<()> {
-        let end = p.checked_add(count).ok_or_else(|| {
-            Error::Acl(
-                AclCode::RtParamInvalid,
-                format!("{} + {count:#x} overflows", Addr(p)),
-            )
-        })?;
-        if let Some((b, _)) = self.driver_shared().managed.overlapping(p, end) {
-            return Err(Error::Acl(
-                AclCode::RtParamInvalid,
-                format!(
-                    "[{}, {}) runs into the managed allocation at {}",
-                    Addr(p),
-                    Addr(end),
-                    Addr(b)
-                ),
-            ));
-        }
-        if count == 0 {
-            return Ok(());
-        }
-        check_process_memory(self.driver_shared().backend.as_ref(), p, count, write)
+        // SAFETY: the caller's contract, passed on.
+        unsafe { sm::ops::host_memset(self.driver_shared_arc(), ptr, value, count) }
     }
 
     /// Host-synchronous copy of `data` into managed memory at `dst` (`aclrtMemcpy`,
@@ -544,11 +213,7 @@ impl Context {
     ///
     /// Errors: as [`Context::managed_memset`].
     pub fn managed_write(&self, dst: usize, data: &[u8]) -> Result<()> {
-        let core = self.check_host_range(dst, data.len())?;
-        // SAFETY: the range is inside a live managed allocation; `data` is readable (and copy
-        // allows overlap anyway).
-        unsafe { core.res.host_copy(dst, data.as_ptr() as usize, data.len()) };
-        Ok(())
+        sm::host::write(self.driver_shared(), dst, data)
     }
 
     /// Host-synchronous copy of managed memory at `src` into `out` (`aclrtMemcpy`,
@@ -556,23 +221,7 @@ impl Context {
     ///
     /// Errors: as [`Context::managed_memset`].
     pub fn managed_read(&self, src: usize, out: &mut [u8]) -> Result<()> {
-        let core = self.check_host_range(src, out.len())?;
-        // SAFETY: the range is inside a live managed allocation; `out` is writable.
-        unsafe {
-            core.res
-                .host_copy(out.as_mut_ptr() as usize, src, out.len())
-        };
-        Ok(())
-    }
-
-    fn check_host_range(&self, ptr: usize, count: usize) -> Result<&Arc<Core>> {
-        if ptr == 0 {
-            return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
-        }
-        let core = self.managed()?;
-        let st = core.state.lock();
-        core.check_range(&st, ptr, count)?;
-        Ok(core)
+        sm::host::read(self.driver_shared(), src, out)
     }
 
     /// Applies advice to `[ptr, ptr+size)` (`aclrtMemManagedAdvise`); see [`Advice`] for what
@@ -603,7 +252,7 @@ impl Context {
         advice: Advice,
         location: Location,
     ) -> Result<()> {
-        self.managed()?.advise(ptr, size, advice, location)
+        sm::advice::advise(self.driver_shared(), ptr, size, advice, location)
     }
 
     /// Prefetches `[ptr, ptr+size)` to `location` in order on `stream`
@@ -630,34 +279,14 @@ impl Context {
         flags: u32,
         stream: &Stream,
     ) -> Result<()> {
-        if flags != 0 {
-            return Err(Error::Acl(
-                AclCode::InvalidParam,
-                format!("prefetch flags {flags:#x} must be 0"),
-            ));
-        }
-        let core = self.managed()?;
-        if !Arc::ptr_eq(core, &stream.core) {
-            return Err(Error::Acl(
-                AclCode::RtParamInvalid,
-                "the stream belongs to another driver".into(),
-            ));
-        }
-        let (loc, hold) = {
-            let mut st = core.state.lock();
-            check_advise_args(core, &st, ptr, size)?;
-            let loc = core.resolve(location, "a prefetch")?;
-            for p in core.advice_mut(&mut st, ptr, size) {
-                p.last_prefetch = Some(loc);
-            }
-            (loc, QueuedHold::take(core, &mut st, &[ptr]))
-        };
-        stream.enqueue(hold, move |c| {
-            c.res
-                .prefetch(ptr, size, loc.place())
-                .map_err(residency_error)
-        });
-        Ok(())
+        sm::prefetch::prefetch(
+            self.driver_shared(),
+            ptr,
+            size,
+            location,
+            flags,
+            &stream.inner,
+        )
     }
 
     /// One attribute of `[ptr, ptr+size)` into `data` (`aclrtMemManagedGetAttr`), as native
@@ -678,9 +307,7 @@ impl Context {
         size: usize,
         data: &mut [u8],
     ) -> Result<()> {
-        let core = self.managed()?;
-        let st = core.state.lock();
-        get_attr_locked(core, &st, attribute, ptr, size, data)
+        sm::attrs::get_attr(self.driver_shared(), attribute, ptr, size, data)
     }
 
     /// Several attributes at once (`aclrtMemManagedGetAttrs`): `data[i]` receives
@@ -695,25 +322,7 @@ impl Context {
         size: usize,
         data: &mut [&mut [u8]],
     ) -> Result<()> {
-        if attributes.is_empty() || attributes.len() != data.len() {
-            return Err(Error::Acl(
-                AclCode::InvalidParam,
-                format!(
-                    "{} attributes and {} data buffers",
-                    attributes.len(),
-                    data.len()
-                ),
-            ));
-        }
-        let core = self.managed()?;
-        let st = core.state.lock();
-        for (a, d) in attributes.iter().zip(data.iter()) {
-            check_data_size(*a, d.len())?;
-        }
-        for (a, d) in attributes.iter().zip(data.iter_mut()) {
-            get_attr_locked(core, &st, *a, ptr, size, d)?;
-        }
-        Ok(())
+        sm::attrs::get_attrs(self.driver_shared(), attributes, ptr, size, data)
     }
 
     /// One 4-byte attribute as an `i32` (a convenience over [`Context::managed_get_attr`] with
@@ -730,14 +339,12 @@ impl Context {
         ptr: usize,
         size: usize,
     ) -> Result<i32> {
-        let mut b = [0u8; 4];
-        self.managed_get_attr(attribute, ptr, size, &mut b)?;
-        Ok(i32::from_ne_bytes(b))
+        sm::attrs::attr_i32(self.driver_shared(), attribute, ptr, size)
     }
 
     /// Most `slots` [`Context::managed_accessed_by`] answers (1 Mi entries, 4 MiB); larger
     /// buffers go through [`Context::managed_get_attr`], which writes the caller's buffer.
-    pub const MAX_ACCESSED_BY_SLOTS: usize = 1 << 20;
+    pub const MAX_ACCESSED_BY_SLOTS: usize = sm::rules::MAX_ACCESSED_BY_SLOTS;
 
     /// ACCESSED_BY of `[ptr, ptr+size)` (`aclrtMemManagedGetAttr` with `dataSize` = `slots` *
     /// 4): the ids (device id, -1 host, NUMA node id) advised over the whole range, in `slots`
@@ -747,21 +354,7 @@ impl Context {
     /// [`Context::MAX_ACCESSED_BY_SLOTS`] (use [`Context::managed_get_attr`] with a buffer of
     /// your own for more); then as [`Context::managed_attr_i32`].
     pub fn managed_accessed_by(&self, ptr: usize, size: usize, slots: usize) -> Result<Vec<i32>> {
-        if slots == 0 || slots > Self::MAX_ACCESSED_BY_SLOTS {
-            return Err(Error::Acl(
-                AclCode::RtParamInvalid,
-                format!(
-                    "{slots} ACCESSED_BY slots: 1 to {} are answered here (dataSize a non-zero \
-                 multiple of 4; larger buffers through managed_get_attr)",
-                    Self::MAX_ACCESSED_BY_SLOTS
-                ),
-            ));
-        }
-        let mut b = vec![0u8; slots * 4];
-        self.managed_get_attr(RangeAttribute::AccessedBy, ptr, size, &mut b)?;
-        Ok(b.chunks(4)
-            .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        sm::attrs::accessed_by(self.driver_shared(), ptr, size, slots)
     }
 
     /// Creates an in-order stream on `device` (`aclrtCreateStream` after `aclrtSetDevice`).
@@ -769,11 +362,14 @@ impl Context {
     /// Errors: `InvalidNullHandle` for a device of another driver; `ACL_ERROR_RT_FEATURE_NOT_SUPPORT` (207000)
     /// where managed memory is unavailable; `OutOfHostMemory` if the engine cannot start.
     pub fn create_stream(&self, device: &Device) -> Result<Stream> {
-        let core = self.managed()?.clone();
         Ok(Stream {
-            queue: self.create_command_queue(device)?,
-            core,
-            error: Arc::default(),
+            inner: sm::stream::ManagedStream::create(
+                self.driver_shared_arc(),
+                &device.shared,
+                device.ordinal(),
+            )?,
+            device: device.clone(),
+            _ctx: self.clone(),
         })
     }
 
@@ -786,19 +382,13 @@ impl Context {
     /// managed allocation; `Unknown` if the copies of a read-mostly page differ (a broken
     /// invariant, never expected).
     pub fn managed_peek(&self, src: usize, out: &mut [u8]) -> Result<()> {
-        if src == 0 {
-            return Err(Error::Acl(AclCode::InvalidParam, "pointer is null".into()));
-        }
-        let core = self.managed()?;
-        core.check_range(&core.state.lock(), src, out.len())?;
-        core.res.peek(src, out).map_err(residency_error)
+        sm::host::peek(self.driver_shared(), src, out)
     }
 
     /// Where the page holding `ptr` lives now: the host, devices with a copy. For tests and
     /// demos; `None` if `ptr` is not managed or the page has never been touched.
     pub fn managed_residency(&self, ptr: usize) -> Option<Residency> {
-        let core = self.driver_shared().managed.existing()?;
-        core.res.residency(ptr)
+        sm::host::residency(self.driver_shared(), ptr)
     }
 }
 
@@ -807,36 +397,6 @@ impl Driver {
     /// device (hetmem's own query; ACL has no call for it). All zero before the first managed
     /// allocation. Never fails.
     pub fn managed_stats(&self) -> ManagedStats {
-        match self.shared.managed.existing() {
-            Some(c) => c.res.stats(),
-            None => ManagedStats {
-                devices: vec![ManagedDeviceStats::default(); self.shared.backend.devices().len()],
-                ..Default::default()
-            },
-        }
+        sm::alloc::stats(&self.shared)
     }
-}
-
-/// A copy of `count` bytes on `device` by the managed-residency backend, each side given as
-/// `(address, whether it is managed memory)`.
-fn device_copy(
-    res: &dyn crate::backend::managed::ManagedResidency,
-    device: u32,
-    (dst, dm): (usize, bool),
-    (src, sm): (usize, bool),
-    count: usize,
-) -> Result<()> {
-    res.device_copy(
-        device,
-        DeviceOperand {
-            addr: dst,
-            managed: dm,
-        },
-        DeviceOperand {
-            addr: src,
-            managed: sm,
-        },
-        count,
-    )
-    .map_err(residency_error)
 }

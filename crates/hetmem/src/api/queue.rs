@@ -264,23 +264,6 @@ impl CommandQueue {
     }
 }
 
-impl CommandQueue {
-    /// Queues a host function in order on the queue's engine (CUDA: `cuLaunchHostFunc`): how
-    /// managed-memory streams ([`crate::managed::Stream`]) run their stream-ordered work.
-    pub(crate) fn submit_host(&self, f: Box<dyn FnOnce() + Send>) {
-        self.sub.submit_host(f)
-    }
-
-    /// Checks `[ptr, ptr+size)` as a memory operand (the rules in the module docs) and holds
-    /// its in-flight reference until the returned guard is dropped: the plain-memory side of
-    /// a managed stream copy ([`crate::managed::Stream::memcpy_async`]).
-    ///
-    /// Errors: as an append: `InvalidNullPointer`, `InvalidArgument`.
-    pub(crate) fn hold_operand(&self, ptr: usize, size: usize, write: bool) -> Result<HeldOperand> {
-        crate::semantics::queue::hold(&self.sub.driver, Operand { ptr, size, write })
-    }
-}
-
 /// A command list (`ze_command_list_handle_t`) on one device: regular (recorded, closed, then
 /// executed on a [`CommandQueue`]) or immediate (each command is submitted to the list's own
 /// engine as it is appended). Appends validate their operands at once (see the module docs).

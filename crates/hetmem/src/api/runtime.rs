@@ -203,7 +203,7 @@ impl RuntimeBuilder {
         };
         let devmem = Arc::new(DeviceMemory::new(backend.devices()));
         let vm = VmState::new(backend.as_ref(), devmem.clone());
-        let managed = crate::semantics::managed::ManagedState::new(devmem.clone());
+        let managed = crate::semantics::managed::state::ManagedState::new(devmem.clone());
         let usm = UsmState::new(backend.as_ref(), devmem);
         let vm_index = vm.index.clone();
         let shared = Arc::new(DriverShared {

@@ -30,7 +30,7 @@ pub(crate) struct DriverShared {
     /// In-flight references of queued device work to USM allocations ([`crate::queue`]).
     pub(crate) inflight: crate::semantics::inflight::InFlight,
     /// ACL managed memory ([`crate::managed`]); its own lock, never held with `usm` or `vm`.
-    pub(crate) managed: crate::semantics::managed::ManagedState,
+    pub(crate) managed: crate::semantics::managed::state::ManagedState,
     /// [`RuntimeBuilder::ipc_max_range_pieces`].
     pub(crate) ipc_max_range_pieces: usize,
     /// The engines of the host-synchronous copies and fills that reach memory the host cannot

@@ -16,9 +16,14 @@
 //! | [`access`] | per-page access attributes of reservations, read and written without the driver's lock |
 //! | [`vmm`] | reservations, physical memory, mappings, access attributes |
 //! | [`usm`] | host / device / shared allocations, imports of system memory, pending frees |
-//! | [`managed`] | ACL managed memory: argument rules, advice records, attributes, stream holds (residency is the backend's) |
+//! | [`managed::state`] | ACL managed memory's records: allocations, per-page advice, queued-work holds (residency is the backend's) |
+//! | [`managed::rules`] | managed-memory argument rules and the one conversion of residency errors |
 //! | [`inflight`] | in-flight references of queued work and the frees waiting for them |
 //! | [`driver`] | the state of one driver (the above, the backend, in-flight references) |
+//! | [`managed::alloc`] | `aclrtMemAllocManaged`, `aclrtFree` of managed memory |
+//! | [`managed::host`] | host accesses of managed memory (`aclrtMemset` / `aclrtMemcpy` to a host buffer) |
+//! | [`managed::attrs`] | `aclrtMemManagedGetAttr(s)`: the eight range attributes |
+//! | [`managed::advice`] | `aclrtMemManagedAdvise` |
 //! | [`ipc::format`] | the 64-byte IPC handle (encode / decode), the broker's answer, pieces |
 //! | [`ipc::handle_types`] | the IPC handle-type rules (DEFAULT, FABRIC_ACCESSIBLE, types chained at creation) |
 //! | [`ipc::registry`] | the process-wide IPC export and view tables, export ids, tokens, statistics |
@@ -28,6 +33,9 @@
 //! | [`ipc::import`] | IPC open, physical import, close, put, handle from an fd, context teardown |
 //! | [`ipc`] | the IPC family's re-exports and its file table |
 //! | [`queue`] | in-flight references, command validation, submission, free policies |
+//! | [`managed::stream`] | managed streams: stream-ordered copies, fills, launched work |
+//! | [`managed::prefetch`] | `aclrtMemManagedPrefetchAsync` |
+//! | [`managed::ops`] | host-synchronous `aclrtMemcpy` / `aclrtMemset` over any memory |
 //! | [`acl`] | ACL argument rules that are no family's state (sizes, counts, flags, properties) |
 
 pub(crate) mod access;
@@ -37,7 +45,7 @@ pub(crate) mod checks;
 pub(crate) mod driver;
 pub(crate) mod inflight;
 pub mod ipc;
-pub mod managed;
+pub(crate) mod managed;
 pub mod queue;
 pub mod ranges;
 pub mod usm;
