@@ -9,15 +9,12 @@
 
 use std::sync::Arc;
 
-use parking_lot::RwLock;
-
 use crate::backend::{Backend, DeviceInfo};
 use crate::config::{parse_bytes, Adjustment, BackendConfig, BackendKind, HostConfig};
 use crate::error::{Error, Result};
-use crate::semantics::capacity::DeviceMemory;
-use crate::semantics::driver::DriverShared;
-use crate::semantics::usm::{UsmState, UsmStats};
-use crate::semantics::vmm::{VmState, VmStats};
+use crate::semantics::driver::{DeviceRef, DriverShared};
+use crate::semantics::usm::UsmStats;
+use crate::semantics::vmm::VmStats;
 
 /// Builds a [`Runtime`].
 #[derive(Debug, Clone)]
@@ -201,22 +198,11 @@ impl RuntimeBuilder {
                 }
             },
         };
-        let devmem = Arc::new(DeviceMemory::new(backend.devices()));
-        let vm = VmState::new(backend.as_ref(), devmem.clone());
-        let managed = crate::semantics::managed::state::ManagedState::new(devmem.clone());
-        let usm = UsmState::new(backend.as_ref(), devmem);
-        let vm_index = vm.index.clone();
-        let shared = Arc::new(DriverShared {
+        let shared = Arc::new(DriverShared::new(
             config,
             backend,
-            vm: RwLock::new(vm),
-            vm_index,
-            usm: RwLock::new(usm),
-            inflight: crate::semantics::inflight::InFlight::default(),
-            managed,
-            ipc_max_range_pieces: self.ipc_max_range_pieces,
-            sync_engines: parking_lot::Mutex::new(Default::default()),
-        });
+            self.ipc_max_range_pieces,
+        ));
         Ok(Runtime {
             driver: Driver::new(shared),
         })
@@ -271,7 +257,7 @@ pub struct Driver {
 
 impl Driver {
     fn new(shared: Arc<DriverShared>) -> Driver {
-        let devices = (0..shared.backend.devices().len() as u32)
+        let devices = (0..crate::semantics::driver::devices(&shared).len() as u32)
             .map(|ordinal| Device {
                 shared: shared.clone(),
                 ordinal,
@@ -282,22 +268,22 @@ impl Driver {
 
     /// The backend this driver runs on.
     pub fn backend_kind(&self) -> BackendKind {
-        self.shared.config.kind()
+        self.config().kind()
     }
 
     /// The backend and the settings in force.
     pub fn config(&self) -> &BackendConfig {
-        &self.shared.config
+        crate::semantics::driver::config(&self.shared)
     }
 
     /// A description of the backend (platform, versions).
     pub fn describe(&self) -> String {
-        self.shared.backend.describe()
+        crate::semantics::driver::describe(&self.shared)
     }
 
     /// The host-backend settings in force; `None` on another backend.
     pub fn host_config(&self) -> Option<&HostConfig> {
-        match &self.shared.config {
+        match self.config() {
             BackendConfig::Host(h) => Some(h),
             _ => None,
         }
@@ -332,26 +318,25 @@ impl Driver {
     /// capacity comes back then). The context's own queues and lists hold it alive, and their
     /// work has finished before it goes.
     pub fn create_context(&self) -> Result<Context> {
-        let id = crate::semantics::capacity::fresh_id();
         Ok(Context {
             inner: Arc::new(ContextInner {
                 driver: self.shared.clone(),
                 handle: self.clone(),
-                id,
+                id: crate::semantics::context::create(),
             }),
         })
     }
 
     /// Counters of the driver's virtual memory (all contexts).
     pub fn vm_stats(&self) -> VmStats {
-        self.shared.vm.read().stats()
+        crate::semantics::vmm::calls::stats(&self.shared)
     }
 
     /// Counters of the driver's USM allocations and imports (all contexts). Device capacity
     /// used by device / shared allocations shows in [`Driver::vm_stats`]' `devices` and
     /// [`Device::used_memory`], shared with physical memory.
     pub fn usm_stats(&self) -> UsmStats {
-        self.shared.usm.read().stats()
+        crate::semantics::usm::calls::stats(&self.shared)
     }
 }
 
@@ -376,11 +361,20 @@ impl Device {
     }
     /// The backend's description of the device: name, capacity, largest allocation, granularity.
     pub fn info(&self) -> &DeviceInfo {
-        &self.shared.backend.devices()[self.ordinal as usize]
+        &crate::semantics::driver::devices(&self.shared)[self.ordinal as usize]
     }
+    /// This device as the semantics layer's calls take it (checked there against the
+    /// driver of the call).
+    pub(crate) fn dref(&self) -> DeviceRef<'_> {
+        DeviceRef {
+            driver: &self.shared,
+            ordinal: self.ordinal,
+        }
+    }
+
     /// Bytes of the capacity in use now.
     pub fn used_memory(&self) -> u64 {
-        self.shared.vm.read().stats().devices[self.ordinal as usize].used
+        crate::semantics::driver::used_memory(&self.shared, self.ordinal)
     }
     /// Bytes free on the device now: on a GPU what its driver reports (`cuMemGetInfo`, which
     /// counts other processes' memory too), on the host backend's modelled devices the
@@ -388,10 +382,7 @@ impl Device {
     ///
     /// Errors: a driver that cannot answer (`Unknown`, naming the call).
     pub fn free_memory(&self) -> Result<u64> {
-        match self.shared.backend.device_free_memory(self.ordinal)? {
-            Some(free) => Ok(free),
-            None => Ok(self.info().capacity.saturating_sub(self.used_memory())),
-        }
+        crate::semantics::driver::free_memory(&self.shared, self.ordinal)
     }
 }
 
@@ -406,22 +397,7 @@ struct ContextInner {
 
 impl Drop for ContextInner {
     fn drop(&mut self) {
-        let d = &self.driver;
-        d.managed.release_context(self.id);
-        // USM memory that queued work (of another context's queues) still references is
-        // released when that work finishes, as DEFER_FREE does; the rest goes now. Taken out
-        // under the write lock, so no new submission can reference it from here on.
-        let taken = d.usm.write().take_context(self.id);
-        for p in taken {
-            if let Some(p) = d.inflight.defer_or_return(p) {
-                p.finish(d.backend.as_ref());
-            }
-        }
-        // Waits (no lock held) until no queued work uses the context's reservations or views.
-        let id = self.id;
-        crate::semantics::driver::vm_write_unreferenced(d, |vm| vm.reservations_of(id))
-            .release_context(d.backend.as_ref(), self.id);
-        crate::semantics::ipc::release_context(d, self.id);
+        crate::semantics::context::teardown(&self.driver, self.id);
     }
 }
 
@@ -460,13 +436,10 @@ impl Context {
         self.inner.handle.clone()
     }
 
+    /// The device-of-driver check ([`DriverShared::device_ordinal`]).
+    ///
+    /// Errors: `InvalidNullHandle` for a device of another driver.
     pub(crate) fn check_device(&self, device: &Device) -> Result<()> {
-        if !Arc::ptr_eq(&device.shared, &self.inner.driver) {
-            return Err(Error::InvalidNullHandle(format!(
-                "device {} belongs to another driver",
-                device.ordinal
-            )));
-        }
-        Ok(())
+        self.d().device_ordinal(device.dref()).map(drop)
     }
 }

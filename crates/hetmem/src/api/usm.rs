@@ -5,8 +5,8 @@
 pub use crate::semantics::usm::*;
 
 use crate::api::runtime::{Context, Device};
-use crate::backend::AllocLocation;
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::semantics::usm::calls;
 
 impl Context {
     /// Allocates device memory on `device` (`zeMemAllocDevice`). The address is aligned to
@@ -21,33 +21,7 @@ impl Context {
     /// for the chained options, `InvalidArgument` for a system-memory import (host only) and
     /// `UnsupportedFeature` for IPC handle types the backend cannot provide (FABRIC_ACCESSIBLE).
     pub fn alloc_device(&self, device: &Device, desc: &AllocDesc) -> Result<usize> {
-        self.check_device(device)?;
-        self.alloc(AllocLocation::Device(device.ordinal()), desc)
-    }
-
-    /// One allocation with every option `desc` chains: the chain is checked
-    /// ([`check_chain`], then the IPC handle types) before anything is made; a system-memory
-    /// import goes to [`Context::import_system_memory`]; handle types are recorded under the
-    /// same hold of the USM lock as the allocation, so no get can see it without them.
-    fn alloc(&self, location: AllocLocation, desc: &AllocDesc) -> Result<usize> {
-        check_chain(location, desc)?;
-        if let Some(t) = desc.ipc_types {
-            crate::semantics::ipc::check_new_handle_types(t)?;
-        }
-        let d = self.d();
-        if let Some(ptr) = desc.system_memory {
-            let p = self.import_system_memory(ptr, desc.size, desc.read_only)?;
-            if let Some(t) = desc.ipc_types {
-                d.usm.write().set_ipc_types(self.id(), p, t);
-            }
-            return Ok(p);
-        }
-        let mut usm = d.usm.write();
-        let p = usm.alloc(d.backend.as_ref(), self.id(), location, desc)?;
-        if let Some(t) = desc.ipc_types {
-            usm.set_ipc_types(self.id(), p, t);
-        }
-        Ok(p)
+        calls::alloc_device(self.d(), self.id(), device.dref(), desc)
     }
 
     /// Allocates host memory reachable by every device (`zeMemAllocHost`). Alignment and page
@@ -60,7 +34,7 @@ impl Context {
     /// `relaxed_max_size`; `UnsupportedAlignment`; `OutOfHostMemory` if the OS refuses;
     /// `UnsupportedFeature` for IPC handle types the backend cannot provide.
     pub fn alloc_host(&self, desc: &AllocDesc) -> Result<usize> {
-        self.alloc(AllocLocation::Host, desc)
+        calls::alloc_host(self.d(), self.id(), desc)
     }
 
     /// Allocates shared memory, reachable from the host and every device (`zeMemAllocShared`),
@@ -69,10 +43,7 @@ impl Context {
     ///
     /// Errors: as [`Context::alloc_device`].
     pub fn alloc_shared(&self, device: Option<&Device>, desc: &AllocDesc) -> Result<usize> {
-        if let Some(dev) = device {
-            self.check_device(dev)?;
-        }
-        self.alloc(AllocLocation::Shared(device.map(|x| x.ordinal())), desc)
+        calls::alloc_shared(self.d(), self.id(), device.map(Device::dref), desc)
     }
 
     /// Imports system memory `[ptr, ptr+size)` (`zeMemAllocHost` with
@@ -88,33 +59,7 @@ impl Context {
     /// virtual-memory reservation, IPC view opened in this process ([`Context::open_ipc_handle`])
     /// or managed allocation of this driver.
     pub fn import_system_memory(&self, ptr: usize, size: usize, read_only: bool) -> Result<usize> {
-        let d = self.d();
-        // The managed lock is never held with usm or vm: ask first.
-        let managed = ptr
-            .checked_add(size)
-            .and_then(|end| d.managed.overlapping(ptr, end));
-        let mut usm = d.usm.write();
-        // Lock order: usm, then vm, then the IPC view table.
-        usm.import(
-            d.backend.as_ref(),
-            self.id(),
-            ptr,
-            size,
-            read_only,
-            |s, e| {
-                let range = |(a, b): (usize, usize)| {
-                    format!("[{}, {})", crate::error::Addr(a), crate::error::Addr(b))
-                };
-                if let Some(m) = managed {
-                    Some(format!("the managed allocation {}", range(m)))
-                } else if d.vm.read().reservation_overlaps(s, e) {
-                    Some("a virtual-memory reservation".into())
-                } else {
-                    crate::semantics::ipc::view_overlapping(s, e)
-                        .map(|v| format!("the opened IPC view {}", range(v)))
-                }
-            },
-        )
+        calls::import_system_memory(self.d(), self.id(), ptr, size, read_only)
     }
 
     /// Frees an allocation or releases an import (`zeMemFree`, free now). `ptr` must be the
@@ -128,7 +73,7 @@ impl Context {
     /// such a base (interior or unknown pointers, other contexts' allocations).
     pub fn free_memory(&self, ptr: usize) -> Result<()> {
         // Free now, but never under queued work (see `FreePolicy::Immediate`).
-        self.free_memory_ext(ptr, crate::semantics::queue::FreePolicy::Immediate)
+        calls::free(self.d(), self.id(), ptr, crate::spec::FreePolicy::Immediate)
     }
 
     /// Properties of the memory at `ptr` (`zeMemGetAllocProperties`), for any pointer:
@@ -141,35 +86,7 @@ impl Context {
     ///
     /// Errors: `InvalidNullPointer` for null.
     pub fn get_allocation_properties(&self, ptr: usize) -> Result<AllocationProperties> {
-        if ptr == 0 {
-            return Err(Error::InvalidNullPointer("pointer is null".into()));
-        }
-        let d = self.d();
-        if let Some(p) = d.usm.read().properties(ptr) {
-            return Ok(p);
-        }
-        if let Some(p) = crate::semantics::ipc::opened_properties(ptr) {
-            return Ok(p);
-        }
-        let vm = d.vm.read().pointer_info(ptr);
-        Ok(match vm.and_then(|v| v.mapped) {
-            Some((id, loc, page_size)) => {
-                let (memory_type, device) = match loc {
-                    crate::backend::PhysicalLocation::Device(dev) => {
-                        (MemoryType::Device, Some(dev))
-                    }
-                    crate::backend::PhysicalLocation::Host => (MemoryType::Host, None),
-                };
-                AllocationProperties {
-                    memory_type,
-                    id,
-                    page_size,
-                    device,
-                    ..AllocationProperties::default()
-                }
-            }
-            None => AllocationProperties::default(),
-        })
+        calls::allocation_properties(self.d(), ptr)
     }
 
     /// Base and size in bytes of the allocation, import or virtual-memory reservation that
@@ -178,24 +95,6 @@ impl Context {
     /// Errors: `InvalidNullPointer` for null; `Unknown` (`ZE_RESULT_ERROR_UNKNOWN`) for a
     /// pointer in none of them, as the reference driver answers.
     pub fn get_address_range(&self, ptr: usize) -> Result<(usize, usize)> {
-        if ptr == 0 {
-            return Err(Error::InvalidNullPointer("pointer is null".into()));
-        }
-        let d = self.d();
-        if let Some(r) = d.usm.read().address_range(ptr) {
-            return Ok(r);
-        }
-        if let Some(r) = crate::semantics::ipc::opened_range(ptr) {
-            return Ok(r);
-        }
-        d.vm.read()
-            .pointer_info(ptr)
-            .map(|v| v.reservation)
-            .ok_or_else(|| {
-                Error::Unknown(format!(
-                    "{} is not inside an allocation, import or reservation",
-                    crate::error::Addr(ptr)
-                ))
-            })
+        calls::address_range(self.d(), ptr)
     }
 }

@@ -6,6 +6,7 @@ pub use crate::semantics::vmm::*;
 
 use crate::api::runtime::{Context, Device};
 use crate::error::Result;
+use crate::semantics::vmm::calls;
 
 impl Context {
     /// Reserves `size` bytes of virtual address space (`zeVirtualMemReserve`).
@@ -17,9 +18,7 @@ impl Context {
     /// Errors: `UnsupportedSize` if `size` is 0 or not a multiple of the page size for `size`;
     /// `OutOfHostMemory` if the address space (or `vm.max_map_count`) is exhausted.
     pub fn reserve(&self, start_hint: Option<usize>, size: usize) -> Result<Reservation> {
-        let d = self.d();
-        d.vm.write()
-            .reserve(d.backend.as_ref(), self.id(), start_hint.unwrap_or(0), size)
+        calls::reserve(self.d(), self.id(), start_hint, size)
     }
 
     /// Frees a reservation (`zeVirtualMemFree`): unmaps whatever is mapped in it (the physical
@@ -30,11 +29,7 @@ impl Context {
     /// Errors: `InvalidNullPointer` for null; `UnsupportedSize` for 0; `InvalidArgument` unless
     /// `(ptr, size)` is exactly the base and size of a live reservation of this context.
     pub fn free(&self, ptr: usize, size: usize) -> Result<()> {
-        let d = self.d();
-        let mut vm = crate::semantics::driver::vm_write_unreferenced(d, |vm| {
-            crate::semantics::driver::reservation_at(vm, ptr)
-        });
-        vm.free(d.backend.as_ref(), self.id(), ptr, size)
+        calls::free(self.d(), self.id(), ptr, size)
     }
 
     /// Frees `r` (see [`Context::free`]).
@@ -49,8 +44,7 @@ impl Context {
     /// Errors: `UnsupportedSize` if `size` is 0; `InvalidNullHandle` for a device of another
     /// driver.
     pub fn query_page_size(&self, device: &Device, size: usize) -> Result<usize> {
-        self.check_device(device)?;
-        self.d().vm.read().query_page_size(device.ordinal(), size)
+        calls::query_page_size(self.d(), device.dref(), size)
     }
 
     /// The granularity of ACL virtual memory on `device` (`aclrtMemGetAllocationGranularity`,
@@ -76,17 +70,7 @@ impl Context {
         flags: PhysicalMemoryFlags,
         size: usize,
     ) -> Result<PhysicalMemory> {
-        if let Some(dev) = device {
-            self.check_device(dev)?;
-        }
-        let d = self.d();
-        d.vm.write().create_physical(
-            d.backend.as_ref(),
-            self.id(),
-            device.map(|x| x.ordinal()),
-            flags,
-            size,
-        )
+        calls::create_physical(self.d(), self.id(), device.map(Device::dref), flags, size)
     }
 
     /// Destroys a physical memory object (`zePhysicalMemDestroy`). Its device capacity comes
@@ -96,9 +80,7 @@ impl Context {
     /// Errors: `HandleObjectInUse` while any page of it is mapped (nothing changes);
     /// `InvalidArgument` for a handle that is not live in this context.
     pub fn destroy_physical_memory(&self, phys: PhysicalMemory) -> Result<()> {
-        let d = self.d();
-        d.vm.write()
-            .destroy_physical(d.backend.as_ref(), self.id(), phys.id)
+        calls::destroy_physical(self.d(), self.id(), phys.id)
     }
 
     /// The properties of a physical memory object of this context
@@ -107,13 +89,7 @@ impl Context {
     /// Errors: `InvalidArgument` for an object that is not live in this context (destroyed,
     /// or made in another context).
     pub fn physical_memory_properties(&self, phys: &PhysicalMemory) -> Result<PhysicalMemory> {
-        let d = self.d();
-        let vm = d.vm.read();
-        let p = vm.physical_of(self.id(), phys.id)?;
-        Ok(PhysicalMemory {
-            id: phys.id,
-            size: p.size,
-        })
+        calls::physical_properties(self.d(), self.id(), phys.id)
     }
 
     /// Maps `[offset, offset+size)` of `phys` at `ptr` with `access` (`zeVirtualMemMap`).
@@ -131,16 +107,7 @@ impl Context {
         offset: usize,
         access: AccessAttribute,
     ) -> Result<()> {
-        let d = self.d();
-        d.vm.write().map(
-            d.backend.as_ref(),
-            self.id(),
-            ptr,
-            size,
-            phys.id,
-            offset,
-            access,
-        )
+        calls::map(self.d(), self.id(), ptr, size, phys.id, offset, access)
     }
 
     /// Unmaps `[ptr, ptr+size)` (`zeVirtualMemUnmap`): any base-page-aligned sub-range of
@@ -151,11 +118,7 @@ impl Context {
     /// the base page (`query_page_size(1)`); `InvalidArgument` if the range is outside one
     /// reservation or any page in it is not mapped.
     pub fn unmap(&self, ptr: usize, size: usize) -> Result<()> {
-        let d = self.d();
-        let mut vm = crate::semantics::driver::vm_write_unreferenced(d, |vm| {
-            crate::semantics::driver::reservation_at(vm, ptr)
-        });
-        vm.unmap(d.backend.as_ref(), self.id(), ptr, size)
+        calls::unmap(self.d(), self.id(), ptr, size)
     }
 
     /// Sets the access attribute of the mapped pages of `[ptr, ptr+size)`
@@ -171,7 +134,7 @@ impl Context {
         size: usize,
         access: AccessAttribute,
     ) -> Result<()> {
-        crate::semantics::driver::set_access(self.d(), self.id(), ptr, size, access)
+        calls::set_access(self.d(), self.id(), ptr, size, access)
     }
 
     /// The access attribute of the page at `ptr`, and the length in bytes from `ptr` (capped at
@@ -184,6 +147,6 @@ impl Context {
         ptr: usize,
         size: usize,
     ) -> Result<(AccessAttribute, usize)> {
-        self.d().vm_index.get_access(self.id(), ptr, size)
+        calls::get_access(self.d(), self.id(), ptr, size)
     }
 }

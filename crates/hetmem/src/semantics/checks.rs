@@ -1,5 +1,5 @@
 //! The generic argument checks every family makes (null pointers, zero sizes, page multiples,
-//! alignment), each choosing its spec code once; `what` names the argument in the message.
+//! alignment, a device of the call's driver), each choosing its spec code once; `what` names the argument in the message.
 //! The checks that belong to one family's rules live in that family's module.
 
 use crate::error::{Error, Result};
@@ -41,13 +41,15 @@ pub(crate) fn aligned(value: usize, page: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// `InvalidNullHandle` unless the device of ordinal `ordinal`, of driver `device_driver`, is a
-/// device of driver `d` (the same driver state, compared by address).
-pub(crate) fn check_device<D>(d: &D, device_driver: &D, ordinal: u32) -> Result<()> {
+/// `InvalidNullHandle` unless device `ordinal`, of driver `device_driver`, is a device of
+/// driver `d`, the driver of the call (the same driver state, compared by address); returns
+/// `ordinal`. The one device-of-driver check, also through
+/// [`crate::semantics::driver::DriverShared::device_ordinal`].
+pub(crate) fn check_device<D>(d: &D, device_driver: &D, ordinal: u32) -> Result<u32> {
     if !std::ptr::eq(d, device_driver) {
         return Err(Error::InvalidNullHandle(format!(
             "device {ordinal} belongs to another driver"
         )));
     }
-    Ok(())
+    Ok(ordinal)
 }

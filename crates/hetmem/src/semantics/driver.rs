@@ -1,20 +1,39 @@
 //! The state of one driver that every semantics module works on: the backend, the
-//! virtual-memory and USM bookkeeping, the in-flight references of queued work, managed memory.
-//! Lock order: `usm` before `vm` before a reservation's gate
-//! ([`crate::semantics::access`]) before `inflight`; `managed` is never held with either.
+//! virtual-memory and USM bookkeeping, the in-flight references of queued work, managed memory;
+//! the device-of-driver check ([`DeviceRef`]) and the driver-wide queries of `zeDriver*` /
+//! `zeDevice*` (description, devices, used and free memory, pending frees).
+//!
+//! # Lock order (the one place it is written down)
+//!
+//! The semantics layer takes every lock of a driver itself; `api/` takes none. When several
+//! are held at once they are taken in this order, never the other way:
+//!
+//! 1. `usm` (the USM allocations and imports; an import checks that it overlaps no reservation);
+//! 2. `vm` (reservations, physical memory, mappings);
+//! 3. the IPC view table ([`crate::semantics::ipc`]);
+//! 4. a reservation's gate ([`crate::semantics::access`]; several in address order);
+//! 5. `inflight` (the in-flight references of queued work, [`crate::semantics::inflight`]).
+//!
+//! `managed` ([`crate::semantics::managed`]) is never held together with `usm` or `vm` (a call
+//! that needs both asks `managed` first and lets it go). The completion path of a batch takes
+//! only `inflight`, then frees USM memory with no lock held; a call that waits for queued work
+//! ([`vm_write_unreferenced`], [`crate::semantics::vmm::calls::set_access`]) waits with no lock
+//! held.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, DeviceInfo};
 use crate::config::BackendConfig;
 use crate::error::Result;
-use crate::semantics::access::{ReservationIndex, SetOutcome};
-use crate::semantics::inflight::InFlightRef;
+use crate::semantics::access::ReservationIndex;
+use crate::semantics::capacity::DeviceMemory;
+use crate::semantics::inflight::{InFlight, InFlightRef};
+use crate::semantics::managed::state::ManagedState;
 use crate::semantics::usm::UsmState;
-use crate::semantics::vmm::{AccessAttribute, VmState};
+use crate::semantics::vmm::VmState;
 
 #[derive(Debug)]
 pub(crate) struct DriverShared {
@@ -24,20 +43,105 @@ pub(crate) struct DriverShared {
     /// `vm`'s reservation page tables, for the access calls, which take no `vm` lock
     /// ([`crate::semantics::access`]).
     pub(crate) vm_index: Arc<ReservationIndex>,
-    /// USM allocations and imports. Lock order: `usm` before `vm` when both are held (an
-    /// import checks that it overlaps no reservation); never take `usm` while holding `vm`.
+    /// USM allocations and imports (lock order: see the module docs).
     pub(crate) usm: RwLock<UsmState>,
     /// In-flight references of queued device work to USM allocations ([`crate::queue`]).
-    pub(crate) inflight: crate::semantics::inflight::InFlight,
+    pub(crate) inflight: InFlight,
     /// ACL managed memory ([`crate::managed`]); its own lock, never held with `usm` or `vm`.
-    pub(crate) managed: crate::semantics::managed::state::ManagedState,
-    /// [`RuntimeBuilder::ipc_max_range_pieces`].
+    pub(crate) managed: ManagedState,
+    /// [`crate::RuntimeBuilder::ipc_max_range_pieces`].
     pub(crate) ipc_max_range_pieces: usize,
     /// The engines of the host-synchronous copies and fills that reach memory the host cannot
     /// ([`crate::semantics::queue::device_sync_op`]), by device ordinal, each made on first
     /// use; one operation at a time.
     pub(crate) sync_engines:
         parking_lot::Mutex<std::collections::HashMap<u32, Box<dyn crate::backend::Engine>>>,
+}
+
+impl DriverShared {
+    /// The state of a new driver over `backend`: empty bookkeeping, the devices' capacity
+    /// counters shared by virtual memory, USM and managed memory.
+    pub(crate) fn new(
+        config: BackendConfig,
+        backend: Box<dyn Backend>,
+        ipc_max_range_pieces: usize,
+    ) -> DriverShared {
+        let devmem = Arc::new(DeviceMemory::new(backend.devices()));
+        let vm = VmState::new(backend.as_ref(), devmem.clone());
+        let managed = ManagedState::new(devmem.clone());
+        let usm = UsmState::new(backend.as_ref(), devmem);
+        let vm_index = vm.index.clone();
+        DriverShared {
+            config,
+            backend,
+            vm: RwLock::new(vm),
+            vm_index,
+            usm: RwLock::new(usm),
+            inflight: InFlight::default(),
+            managed,
+            ipc_max_range_pieces,
+            sync_engines: parking_lot::Mutex::new(Default::default()),
+        }
+    }
+
+    /// The ordinal of `device` if it is a device of this driver: the one device-of-driver
+    /// check of every call that takes a device ([`crate::semantics::checks::check_device`]).
+    ///
+    /// Errors: `InvalidNullHandle` for a device of another driver.
+    pub(crate) fn device_ordinal(&self, device: DeviceRef<'_>) -> Result<u32> {
+        crate::semantics::checks::check_device(self, device.driver, device.ordinal)
+    }
+}
+
+/// A device as a call names it: its driver and its ordinal (what a `crate::Device` holds).
+/// Checked against the driver of the call by [`DriverShared::device_ordinal`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeviceRef<'a> {
+    pub(crate) driver: &'a DriverShared,
+    pub(crate) ordinal: u32,
+}
+
+/// The backend and the settings in force.
+pub(crate) fn config(d: &DriverShared) -> &BackendConfig {
+    &d.config
+}
+
+/// The backend's description (platform, versions).
+pub(crate) fn describe(d: &DriverShared) -> String {
+    d.backend.describe()
+}
+
+/// The backend's descriptions of the devices, in ordinal order (`zeDeviceGet`).
+pub(crate) fn devices(d: &DriverShared) -> &[DeviceInfo] {
+    d.backend.devices()
+}
+
+/// Bytes of device `ordinal`'s capacity in use now (physical memory and USM alike).
+pub(crate) fn used_memory(d: &DriverShared, ordinal: u32) -> u64 {
+    d.vm.read().stats().devices[ordinal as usize].used
+}
+
+/// Bytes free on device `ordinal` now: the backend's answer (`cuMemGetInfo`) where it has one,
+/// else the modelled capacity less [`used_memory`].
+///
+/// Errors: a driver that cannot answer (`Unknown`, naming the call).
+pub(crate) fn free_memory(d: &DriverShared, ordinal: u32) -> Result<u64> {
+    match d.backend.device_free_memory(ordinal)? {
+        Some(free) => Ok(free),
+        None => Ok(devices(d)[ordinal as usize]
+            .capacity
+            .saturating_sub(used_memory(d, ordinal))),
+    }
+}
+
+/// Frees waiting for queued work to finish (for leak checks).
+pub(crate) fn pending_frees(d: &DriverShared) -> usize {
+    d.inflight.pending_frees()
+}
+
+/// Threads blocked now in a call that waits for queued work to let go of memory.
+pub(crate) fn in_flight_waiters(d: &DriverShared) -> u64 {
+    d.inflight.waiters()
 }
 
 /// Takes the driver's `vm` write lock once no queued or running work references any of the
@@ -75,31 +179,4 @@ pub(crate) fn reservation_at(vm: &VmState, ptr: usize) -> Vec<usize> {
         .map(|i| i.reservation.0)
         .into_iter()
         .collect()
-}
-
-/// `zeVirtualMemSetAccessAttribute` without the `vm` lock ([`crate::semantics::access`]): finds
-/// and validates the range, takes its reservation's gate (shared), and protects its mapped
-/// pages. While queued or running work references the reservation, drops the gate, waits for
-/// it (no lock held) and starts again. Submissions record their references under the gates
-/// (exclusive) of the reservations they use, so under ours no new reference to it can appear;
-/// if none is recorded driver-wide, ours has none (the fast path).
-pub(crate) fn set_access(
-    d: &DriverShared,
-    context: u64,
-    ptr: usize,
-    size: usize,
-    access: AccessAttribute,
-) -> Result<()> {
-    loop {
-        let pages = d.vm_index.find(context, ptr, size)?;
-        let busy = InFlightRef::Reservation(pages.base);
-        let referenced = || {
-            d.inflight.reservations.load(Ordering::Acquire) != 0
-                && d.inflight.is_referenced_ref(busy)
-        };
-        match pages.set_access(d.backend.as_ref(), ptr, size, access, referenced)? {
-            SetOutcome::Done => return Ok(()),
-            SetOutcome::Referenced => d.inflight.wait_unreferenced_ref(busy),
-        }
-    }
 }

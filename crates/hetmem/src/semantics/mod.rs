@@ -42,6 +42,7 @@ pub(crate) mod access;
 pub mod acl;
 pub(crate) mod capacity;
 pub(crate) mod checks;
+pub(crate) mod context;
 pub(crate) mod driver;
 pub(crate) mod inflight;
 pub mod ipc;

@@ -43,6 +43,9 @@
 // `usize::is_multiple_of` is stable from Rust 1.87; the workspace's rust-version is 1.85.
 #![allow(clippy::manual_is_multiple_of)]
 
+/// The `zeMem*` calls on one driver: each takes the driver's locks.
+pub(crate) mod calls;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

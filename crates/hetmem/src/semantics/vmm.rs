@@ -44,7 +44,10 @@
 //! not in the mapped runs: set-access and get-access take no `vm` lock (the spec asks them to
 //! be lock-free). Map, unmap and free change a reservation's table under its gate, after the
 //! `vm` write lock; set-access takes only the gate, and checks the in-flight references of
-//! queued work under it ([`crate::semantics::driver::set_access`]).
+//! queued work under it ([`calls::set_access`]).
+
+/// The `zeVirtualMem*` / `zePhysicalMem*` calls on one driver: each takes the driver's locks.
+pub(crate) mod calls;
 
 use std::collections::HashMap;
 use std::sync::Arc;
