@@ -1,46 +1,17 @@
 //! The public module of this family: its types (from the semantics module of the same name,
 //! where the rules live) and the calls, as methods of [`crate::Context`] and [`crate::Driver`].
 
-use parking_lot::Mutex;
-use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-
 use crate::api::runtime::{Context, Device, Driver};
-use crate::backend::EngineSync;
-use crate::error::{Error, Result};
-use crate::semantics::driver::DriverShared;
+use crate::error::Result;
+use crate::semantics::queue::event::{EventCore, FenceCore, PoolCore};
+use crate::semantics::queue::list::{ListCore, QueueCore};
 pub use crate::semantics::queue::*;
 
 /// An event (`ze_event_handle_t`, host-visible, in an implicit pool): signalled by the host or
 /// by a command, waited on by the host or by commands of any queue. Clones are the same event.
 #[derive(Debug, Clone)]
 pub struct Event {
-    flag: Arc<dyn EngineSync>,
-    /// One strong count per API clone of this event.
-    clones: Arc<()>,
-    /// The wait token: one strong count per API clone, and one per command that waits on the
-    /// event, from its submission until its wait is over.
-    waits: Arc<()>,
-    /// The id of the context the event was made in.
-    context: u64,
-    /// The pool slot the event holds, given back when the last clone is dropped.
-    _slot: Option<Arc<PoolSlot>>,
-}
-
-/// A taken slot of an [`EventPool`]; freed on drop.
-#[derive(Debug)]
-struct PoolSlot {
-    used: std::sync::Weak<Mutex<BTreeSet<u32>>>,
-    index: u32,
-}
-
-impl Drop for PoolSlot {
-    fn drop(&mut self) {
-        if let Some(u) = self.used.upgrade() {
-            u.lock().remove(&self.index);
-        }
-    }
+    core: EventCore,
 }
 
 /// An event pool (`ze_event_pool_handle_t`) of `count` host-visible events, each in its own
@@ -49,21 +20,18 @@ impl Drop for PoolSlot {
 #[derive(Debug)]
 pub struct EventPool {
     ctx: Context,
-    count: u32,
-    /// Indices with a live event (a set: a pool of 2^32 events costs nothing until its events
-    /// are made).
-    used: Arc<Mutex<BTreeSet<u32>>>,
+    core: PoolCore,
 }
 
 impl EventPool {
     /// The number of events the pool holds.
     pub fn count(&self) -> u32 {
-        self.count
+        self.core.count()
     }
 
     /// The number of indices taken by live events.
     pub fn used(&self) -> usize {
-        self.used.lock().len()
+        self.core.used()
     }
 
     /// Creates the event in slot `index`, not signalled (`zeEventCreate`).
@@ -71,15 +39,8 @@ impl EventPool {
     /// Errors: `InvalidArgument` for an index not below [`EventPool::count`] or one a live
     /// event of the pool holds (nothing is taken then); `OutOfHostMemory` from the backend.
     pub fn create_event(&self, index: u32) -> Result<Event> {
-        take_pool_index(&mut self.used.lock(), self.count, index)?;
-        let slot = Arc::new(PoolSlot {
-            used: Arc::downgrade(&self.used),
-            index,
-        });
-        // On failure the slot is dropped and the index freed.
-        let mut e = self.ctx.create_event()?;
-        e._slot = Some(slot);
-        Ok(e)
+        let core = self.core.create_event(self.ctx.d(), self.ctx.id(), index)?;
+        Ok(Event { core })
     }
 }
 
@@ -93,13 +54,7 @@ impl Event {
     ///
     /// Errors: `HandleObjectInUse` naming how many commands still wait on it.
     pub fn check_destroy(&self) -> Result<()> {
-        let work = Arc::strong_count(&self.waits).saturating_sub(Arc::strong_count(&self.clones));
-        if work > 0 {
-            return Err(Error::HandleObjectInUse(format!(
-                "{work} queued command(s) wait on the event; destroy it once their waits are over"
-            )));
-        }
-        Ok(())
+        self.core.check_destroy()
     }
 
     /// Signals the event from the host (`zeEventHostSignal`); signalling a signalled event
@@ -107,8 +62,7 @@ impl Event {
     ///
     /// Errors: none; always `Ok` (the `Result` is kept for the C ABI's `ze_result_t`).
     pub fn host_signal(&self) -> Result<()> {
-        self.flag.signal();
-        Ok(())
+        self.core.host_signal()
     }
 
     /// Waits up to `timeout_ns` nanoseconds for the event (`zeEventHostSynchronize`); 0 only
@@ -116,14 +70,14 @@ impl Event {
     ///
     /// Errors: none; always `Ok` (the `Result` is kept for the C ABI's `ze_result_t`).
     pub fn host_synchronize(&self, timeout_ns: u64) -> Result<SyncStatus> {
-        Ok(SyncStatus::of(self.flag.wait_ns(timeout_ns)))
+        self.core.host_synchronize(timeout_ns)
     }
 
     /// Whether the event is signalled (`zeEventQueryStatus`): `Ready` or `NotReady`.
     ///
     /// Errors: none; always `Ok` (the `Result` is kept for the C ABI's `ze_result_t`).
     pub fn query_status(&self) -> Result<SyncStatus> {
-        Ok(SyncStatus::of(self.flag.is_signalled()))
+        self.core.query_status()
     }
 
     /// Resets the event to not signalled (`zeEventHostReset`); resetting an unsignalled event
@@ -131,8 +85,7 @@ impl Event {
     ///
     /// Errors: none; always `Ok` (the `Result` is kept for the C ABI's `ze_result_t`).
     pub fn host_reset(&self) -> Result<()> {
-        self.flag.reset();
-        Ok(())
+        self.core.host_reset()
     }
 }
 
@@ -140,8 +93,7 @@ impl Event {
 /// lists it was passed with has finished.
 #[derive(Debug, Clone)]
 pub struct Fence {
-    flag: Arc<dyn EngineSync>,
-    queue: u64,
+    core: FenceCore,
 }
 
 impl Fence {
@@ -150,14 +102,14 @@ impl Fence {
     ///
     /// Errors: none; always `Ok` (the `Result` is kept for the C ABI's `ze_result_t`).
     pub fn host_synchronize(&self, timeout_ns: u64) -> Result<SyncStatus> {
-        Ok(SyncStatus::of(self.flag.wait_ns(timeout_ns)))
+        self.core.host_synchronize(timeout_ns)
     }
 
     /// Whether the fence is signalled (`zeFenceQueryStatus`): `Ready` or `NotReady`.
     ///
     /// Errors: none; always `Ok` (the `Result` is kept for the C ABI's `ze_result_t`).
     pub fn query_status(&self) -> Result<SyncStatus> {
-        Ok(SyncStatus::of(self.flag.is_signalled()))
+        self.core.query_status()
     }
 
     /// Resets the fence to not signalled (`zeFenceReset`); a batch still running with it
@@ -165,21 +117,17 @@ impl Fence {
     ///
     /// Errors: none; always `Ok` (the `Result` is kept for the C ABI's `ze_result_t`).
     pub fn reset(&self) -> Result<()> {
-        self.flag.reset();
-        Ok(())
+        self.core.reset()
     }
 }
-
-static NEXT_QUEUE: AtomicU64 = AtomicU64::new(1);
 
 /// A command queue (`ze_command_queue_handle_t`, asynchronous mode) on one device: executes
 /// closed command lists in submission order on its own engine. CUDA: a stream.
 #[derive(Debug)]
 pub struct CommandQueue {
-    // The engine (inside `sub`) is dropped first, so submitted work never outlives the context.
-    sub: Submitter,
+    // The engine (inside `core`) is dropped first, so submitted work never outlives the context.
+    core: QueueCore,
     device: Device,
-    id: u64,
     _ctx: Context,
 }
 
@@ -195,14 +143,8 @@ impl CommandQueue {
     ///
     /// Errors: `OutOfHostMemory` from the backend.
     pub fn create_fence(&self, signaled: bool) -> Result<Fence> {
-        let flag = self.sub.driver.backend.create_sync()?;
-        if signaled {
-            flag.signal();
-        }
-        Ok(Fence {
-            flag,
-            queue: self.id,
-        })
+        let core = self.core.create_fence(signaled)?;
+        Ok(Fence { core })
     }
 
     /// Submits `lists`, in order, as one batch (`zeCommandQueueExecuteCommandLists`); returns
@@ -216,51 +158,15 @@ impl CommandQueue {
         lists: &[&CommandList],
         fence: Option<&Fence>,
     ) -> Result<()> {
-        if lists.is_empty() {
-            return Err(Error::InvalidSize("no command list to execute".into()));
-        }
-        if let Some(f) = fence {
-            if f.queue != self.id {
-                return Err(Error::InvalidArgument(
-                    "the fence was created on another command queue".into(),
-                ));
-            }
-        }
-        let mut cmds = Vec::new();
-        for (i, l) in lists.iter().enumerate() {
-            check_same_context(&format!("command list {i}"), l._ctx.id(), self._ctx.id())?;
-            if l.device != self.device {
-                return Err(Error::InvalidArgument(format!(
-                    "command list {i} is for device {}, the queue for device {}",
-                    l.device.ordinal(),
-                    self.device.ordinal()
-                )));
-            }
-            match &l.kind {
-                ListKind::Immediate(_) => {
-                    return Err(Error::InvalidArgument(format!(
-                        "command list {i} is immediate and cannot be executed on a queue"
-                    )))
-                }
-                ListKind::Regular(r) => {
-                    let r = r.lock();
-                    if !r.closed {
-                        return Err(Error::InvalidArgument(format!(
-                            "command list {i} is not closed"
-                        )));
-                    }
-                    cmds.extend(r.cmds.iter().cloned());
-                }
-            }
-        }
-        self.sub.submit(&cmds, fence.map(|f| f.flag.clone()))
+        let lists = lists.iter().map(|l| &l.core);
+        self.core.execute(lists, fence.map(|f| &f.core))
     }
 
     /// Waits up to `timeout_ns` nanoseconds for every batch submitted before the call
     /// (`zeCommandQueueSynchronize`); 0 only queries, `u64::MAX` waits forever. Returns
     /// `NotReady` if work is still running when the timeout expires.
     pub fn synchronize(&self, timeout_ns: u64) -> Result<SyncStatus> {
-        self.sub.synchronize(timeout_ns)
+        self.core.synchronize(timeout_ns)
     }
 }
 
@@ -269,50 +175,21 @@ impl CommandQueue {
 /// engine as it is appended). Appends validate their operands at once (see the module docs).
 #[derive(Debug)]
 pub struct CommandList {
-    kind: ListKind,
+    // The engine of an immediate list (inside `core`) is dropped first, as a queue's.
+    core: ListCore,
     device: Device,
-    driver: Arc<DriverShared>,
     _ctx: Context,
 }
 
 impl CommandList {
     /// Whether the list is immediate.
     pub fn is_immediate(&self) -> bool {
-        matches!(self.kind, ListKind::Immediate(_))
+        self.core.is_immediate()
     }
 
     /// The device the list is for.
     pub fn device(&self) -> &Device {
         &self.device
-    }
-
-    /// Checks that `events` (the signal first, then the waits) were made in the list's context.
-    fn check_events(&self, signal: Option<&Event>, wait: &[&Event]) -> Result<()> {
-        let ours = self._ctx.id();
-        if let Some(e) = signal {
-            check_same_context("the signal event", e.context, ours)?;
-        }
-        for (i, e) in wait.iter().enumerate() {
-            check_same_context(&format!("wait event {i}"), e.context, ours)?;
-        }
-        Ok(())
-    }
-
-    fn append(&self, cmds: Vec<Cmd>) -> Result<()> {
-        match &self.kind {
-            ListKind::Immediate(sub) => sub.submit(&cmds, None),
-            ListKind::Regular(r) => {
-                let mut r = r.lock();
-                if r.closed {
-                    return Err(Error::InvalidArgument(
-                        "the command list is closed; reset it to append".into(),
-                    ));
-                }
-                check_all(&self.driver, &cmds, false)?;
-                r.cmds.extend(cmds);
-                Ok(())
-            }
-        }
     }
 
     /// Appends a copy of `size` bytes from `src` to `dst` (`zeCommandListAppendMemoryCopy`),
@@ -331,8 +208,8 @@ impl CommandList {
         signal: Option<&Event>,
         wait: &[&Event],
     ) -> Result<()> {
-        self.check_events(signal, wait)?;
-        self.append(event_cmds(Some(Cmd::Copy { dst, src, size }), signal, wait))
+        self.core
+            .append_copy(dst, src, size, signal.map(|e| &e.core), cores(wait))
     }
 
     /// Appends a fill of `size` bytes at `ptr` with `pattern` repeated
@@ -351,14 +228,8 @@ impl CommandList {
         signal: Option<&Event>,
         wait: &[&Event],
     ) -> Result<()> {
-        check_pattern(pattern)?;
-        self.check_events(signal, wait)?;
-        let fill = Cmd::Fill {
-            ptr,
-            pattern: pattern.to_vec(),
-            size,
-        };
-        self.append(event_cmds(Some(fill), signal, wait))
+        self.core
+            .append_fill(ptr, pattern, size, signal.map(|e| &e.core), cores(wait))
     }
 
     /// Appends a barrier (`zeCommandListAppendBarrier`): later commands start only after the
@@ -367,8 +238,8 @@ impl CommandList {
     ///
     /// Errors: `InvalidArgument` if the list is closed.
     pub fn append_barrier(&self, signal: Option<&Event>, wait: &[&Event]) -> Result<()> {
-        self.check_events(signal, wait)?;
-        self.append(event_cmds(None, signal, wait))
+        self.core
+            .append_barrier(signal.map(|e| &e.core), cores(wait))
     }
 
     /// Appends a signal of `event` once every earlier command has finished
@@ -376,8 +247,7 @@ impl CommandList {
     ///
     /// Errors: `InvalidArgument` if the list is closed.
     pub fn append_signal_event(&self, event: &Event) -> Result<()> {
-        self.check_events(Some(event), &[])?;
-        self.append(vec![Cmd::Signal(event.flag.clone())])
+        self.core.append_signal(&event.core)
     }
 
     /// Appends a wait: later commands start only once every event in `events` is signalled
@@ -386,39 +256,26 @@ impl CommandList {
     /// Errors: `InvalidSize` for no event (`0 == numEvents`); `InvalidArgument` if the list is
     /// closed.
     pub fn append_wait_on_events(&self, events: &[&Event]) -> Result<()> {
-        if events.is_empty() {
-            return Err(Error::InvalidSize("no event to wait on".into()));
-        }
-        self.check_events(None, events)?;
-        self.append(event_cmds(None, None, events))
+        self.core.append_wait(cores(events))
     }
 
     /// Closes the list for execution (`zeCommandListClose`); no more appends until
     /// [`CommandList::reset`]. An immediate list has nothing to close: no-op.
     pub fn close(&self) -> Result<()> {
-        if let ListKind::Regular(r) = &self.kind {
-            r.lock().closed = true;
-        }
-        Ok(())
+        self.core.close()
     }
 
     /// Empties the list and reopens it for appends (`zeCommandListReset`). Batches already
     /// submitted keep their own copy of the commands. An immediate list: no-op.
     pub fn reset(&self) -> Result<()> {
-        if let ListKind::Regular(r) = &self.kind {
-            *r.lock() = Recorded::default();
-        }
-        Ok(())
+        self.core.reset()
     }
 
     /// Waits up to `timeout_ns` nanoseconds for everything appended to an immediate list
     /// (`zeCommandListHostSynchronize`); 0 only queries, `u64::MAX` waits forever. A regular
     /// list has nothing in flight of its own: `Ready`.
     pub fn host_synchronize(&self, timeout_ns: u64) -> Result<SyncStatus> {
-        match &self.kind {
-            ListKind::Immediate(sub) => sub.synchronize(timeout_ns),
-            ListKind::Regular(_) => Ok(SyncStatus::Ready),
-        }
+        self.core.host_synchronize(timeout_ns)
     }
 }
 
@@ -429,12 +286,22 @@ impl Context {
     /// Errors: `InvalidNullHandle` for a device of another driver; `OutOfHostMemory` if the
     /// engine cannot be started.
     pub fn create_command_queue(&self, device: &Device) -> Result<CommandQueue> {
-        self.check_device(device)?;
-        let driver = self.driver().shared;
+        self.queue(device, None)
+    }
+
+    fn queue(&self, device: &Device, desc: Option<&CommandQueueDesc>) -> Result<CommandQueue> {
+        let core = QueueCore::new(self.d_arc(), device.dref(), self.id(), desc)?;
         Ok(CommandQueue {
-            sub: Submitter::new(driver, device.ordinal())?,
+            core,
             device: device.clone(),
-            id: NEXT_QUEUE.fetch_add(1, Ordering::Relaxed),
+            _ctx: self.clone(),
+        })
+    }
+
+    fn list(&self, device: &Device, core: Result<ListCore>) -> Result<CommandList> {
+        Ok(CommandList {
+            core: core?,
+            device: device.clone(),
             _ctx: self.clone(),
         })
     }
@@ -443,13 +310,8 @@ impl Context {
     ///
     /// Errors: `InvalidNullHandle` for a device of another driver.
     pub fn create_command_list(&self, device: &Device) -> Result<CommandList> {
-        self.check_device(device)?;
-        Ok(CommandList {
-            kind: ListKind::Regular(Mutex::default()),
-            device: device.clone(),
-            driver: self.driver().shared,
-            _ctx: self.clone(),
-        })
+        let core = ListCore::regular(self.d_arc(), device.dref(), self.id(), None);
+        self.list(device, core)
     }
 
     /// Creates an immediate command list for `device` (`zeCommandListCreateImmediate`,
@@ -458,26 +320,15 @@ impl Context {
     ///
     /// Errors: as [`Context::create_command_queue`].
     pub fn create_immediate_command_list(&self, device: &Device) -> Result<CommandList> {
-        self.check_device(device)?;
-        let driver = self.driver().shared;
-        Ok(CommandList {
-            kind: ListKind::Immediate(Submitter::new(driver.clone(), device.ordinal())?),
-            device: device.clone(),
-            driver,
-            _ctx: self.clone(),
-        })
+        let core = ListCore::immediate(self.d_arc(), device.dref(), self.id(), None);
+        self.list(device, core)
     }
 
     /// Creates a host-visible event, not signalled (`zeEventPoolCreate` with
     /// `ZE_EVENT_POOL_FLAG_HOST_VISIBLE` and `zeEventCreate`, the pool implicit).
     pub fn create_event(&self) -> Result<Event> {
-        Ok(Event {
-            flag: self.driver().shared.backend.create_sync()?,
-            clones: Arc::new(()),
-            waits: Arc::new(()),
-            context: self.id(),
-            _slot: None,
-        })
+        let core = EventCore::new(self.d(), self.id())?;
+        Ok(Event { core })
     }
 
     /// Creates an event pool of `count` events (`zeEventPoolCreate`, host visible); its events
@@ -485,11 +336,10 @@ impl Context {
     ///
     /// Errors: `InvalidSize` for a count of 0.
     pub fn create_event_pool(&self, count: u32) -> Result<EventPool> {
-        check_pool_count(count)?;
+        let core = PoolCore::new(count)?;
         Ok(EventPool {
             ctx: self.clone(),
-            count,
-            used: Arc::default(),
+            core,
         })
     }
 
@@ -503,8 +353,7 @@ impl Context {
         device: &Device,
         desc: &CommandQueueDesc,
     ) -> Result<CommandQueue> {
-        desc.check()?;
-        self.create_command_queue(device)
+        self.queue(device, Some(desc))
     }
 
     /// Checks a [`CommandListDesc`] and creates the regular list (`zeCommandListCreate`).
@@ -515,8 +364,8 @@ impl Context {
         device: &Device,
         desc: &CommandListDesc,
     ) -> Result<CommandList> {
-        desc.check()?;
-        self.create_command_list(device)
+        let core = ListCore::regular(self.d_arc(), device.dref(), self.id(), Some(desc));
+        self.list(device, core)
     }
 
     /// Checks a [`CommandQueueDesc`] and creates the immediate list it describes
@@ -529,8 +378,8 @@ impl Context {
         device: &Device,
         desc: &CommandQueueDesc,
     ) -> Result<CommandList> {
-        desc.check()?;
-        self.create_immediate_command_list(device)
+        let core = ListCore::immediate(self.d_arc(), device.dref(), self.id(), Some(desc));
+        self.list(device, core)
     }
 }
 
@@ -544,14 +393,14 @@ impl Driver {
     /// Frees waiting for queued work to finish ([`FreePolicy::Defer`], or free-now with work in
     /// flight); for leak checks.
     pub fn pending_frees(&self) -> usize {
-        self.shared.inflight.pending_frees()
+        crate::semantics::driver::pending_frees(&self.shared)
     }
 
     /// Threads blocked right now in a call (unmap, reservation free, access change, IPC close,
     /// context teardown) that waits for queued or running work to let go of the memory it
     /// changes; for tests and diagnostics.
     pub fn in_flight_waiters(&self) -> u64 {
-        self.shared.inflight.waiters()
+        crate::semantics::driver::in_flight_waiters(&self.shared)
     }
 }
 
@@ -564,31 +413,11 @@ impl Context {
     /// Errors: `InvalidNullPointer` for null; `InvalidArgument` for anything that is not such a
     /// base (nothing is freed then).
     pub fn free_memory_ext(&self, ptr: usize, policy: FreePolicy) -> Result<()> {
-        let d = self.driver().shared;
-        // Taken out under the write lock: from here no new submission can reference it (they
-        // check and take references under the read lock).
-        let mut p = d.usm.write().take_for_free(self.id(), ptr)?;
-        match policy {
-            FreePolicy::Blocking => {
-                d.inflight.wait_unreferenced(p.id());
-                p.finish(d.backend.as_ref());
-            }
-            FreePolicy::Immediate | FreePolicy::Defer => {
-                if policy == FreePolicy::Immediate {
-                    p.give_back_capacity();
-                }
-                if let Some(p) = d.inflight.defer_or_return(p) {
-                    p.finish(d.backend.as_ref());
-                }
-            }
-        }
-        Ok(())
+        crate::semantics::usm::calls::free(self.d(), self.id(), ptr, policy)
     }
 }
 
-/// The commands of one append: waits on `wait`, `core`, then a signal of `signal`.
-fn event_cmds(core: Option<Cmd>, signal: Option<&Event>, wait: &[&Event]) -> Vec<Cmd> {
-    let wait: Vec<(&Arc<dyn EngineSync>, &Arc<()>)> =
-        wait.iter().map(|e| (&e.flag, &e.waits)).collect();
-    with_events(core, signal.map(|e| &e.flag), &wait)
+/// The semantics layer's events of `events`.
+fn cores<'a>(events: &'a [&'a Event]) -> impl ExactSizeIterator<Item = &'a EventCore> + Clone + 'a {
+    events.iter().map(|e| &e.core)
 }

@@ -416,6 +416,11 @@ impl Context {
         &self.inner.driver
     }
 
+    /// [`Context::d`], shared (for the semantics calls that keep it: queues, lists).
+    pub(crate) fn d_arc(&self) -> &Arc<DriverShared> {
+        &self.inner.driver
+    }
+
     /// The driver's shared state (for the semantics modules' `impl Context` blocks).
     pub(crate) fn driver_shared(&self) -> &DriverShared {
         &self.inner.driver

@@ -10,16 +10,17 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | [`checks`] | the generic argument checks (null, zero, page multiple, alignment) |
+//! | [`checks`] | the generic argument checks (null, zero, page multiple, alignment, device of the driver) |
 //! | [`ranges`] | sorted non-overlapping ranges with split / merge (the bookkeeping structure) |
 //! | [`capacity`] | per-device capacity counters |
 //! | [`access`] | per-page access attributes of reservations, read and written without the driver's lock |
-//! | [`vmm`] | reservations, physical memory, mappings, access attributes |
-//! | [`usm`] | host / device / shared allocations, imports of system memory, pending frees |
+//! | [`vmm`] | reservations, physical memory, mappings, access attributes (the bookkeeping) |
+//! | [`usm`] | host / device / shared allocations, imports of system memory, pending frees (the bookkeeping) |
 //! | [`managed::state`] | ACL managed memory's records: allocations, per-page advice, queued-work holds (residency is the backend's) |
 //! | [`managed::rules`] | managed-memory argument rules and the one conversion of residency errors |
 //! | [`inflight`] | in-flight references of queued work and the frees waiting for them |
-//! | [`driver`] | the state of one driver (the above, the backend, in-flight references) |
+//! | [`driver`] | the state of one driver (the above, the backend, in-flight references), its lock order, the device-of-driver check, the driver and device queries |
+//! | `vmm::calls` | the `zeVirtualMem*` / `zePhysicalMem*` calls on a driver, taking its locks |
 //! | [`managed::alloc`] | `aclrtMemAllocManaged`, `aclrtFree` of managed memory |
 //! | [`managed::host`] | host accesses of managed memory (`aclrtMemset` / `aclrtMemcpy` to a host buffer) |
 //! | [`managed::attrs`] | `aclrtMemManagedGetAttr(s)`: the eight range attributes |
@@ -32,11 +33,22 @@
 //! | [`ipc::export`] | IPC get: allocation, physical object, range; physical memory created with handle types |
 //! | [`ipc::import`] | IPC open, physical import, close, put, handle from an fd, context teardown |
 //! | [`ipc`] | the IPC family's re-exports and its file table |
-//! | [`queue`] | in-flight references, command validation, submission, free policies |
+//! | `queue::args` | queue / list descriptors, fill patterns, event pool counts and indices, the one-context rule |
+//! | `queue::event` | events, event pools, fences |
+//! | `queue::command` | recorded commands, their operands and the operand checks, in-flight holds |
+//! | `queue::engine` | one engine's submission and synchronization; host-synchronous device operations |
+//! | `queue::list` | command lists (append, close, reset) and command queues (execute) |
+//! | [`queue`] | the queue family's rules (module docs) and re-exports |
 //! | [`managed::stream`] | managed streams: stream-ordered copies, fills, launched work |
 //! | [`managed::prefetch`] | `aclrtMemManagedPrefetchAsync` |
 //! | [`managed::ops`] | host-synchronous `aclrtMemcpy` / `aclrtMemset` over any memory |
+//! | `usm::calls` | the `zeMem*` calls on a driver (allocations, import, free policies, properties, ranges), taking its locks |
+//! | [`context`] | context creation and teardown (releasing everything a context owns) |
 //! | [`acl`] | ACL argument rules that are no family's state (sizes, counts, flags, properties) |
+//!
+//! Every entry point that works on a driver takes `&DriverShared` (or `&Arc<DriverShared>`
+//! where it keeps it) and takes the driver's locks itself, in the order written down in
+//! [`driver`]; `api/` takes none.
 
 pub(crate) mod access;
 pub mod acl;
