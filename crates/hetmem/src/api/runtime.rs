@@ -440,11 +440,4 @@ impl Context {
     pub fn driver(&self) -> Driver {
         self.inner.handle.clone()
     }
-
-    /// The device-of-driver check ([`DriverShared::device_ordinal`]).
-    ///
-    /// Errors: `InvalidNullHandle` for a device of another driver.
-    pub(crate) fn check_device(&self, device: &Device) -> Result<()> {
-        self.d().device_ordinal(device.dref()).map(drop)
-    }
 }
