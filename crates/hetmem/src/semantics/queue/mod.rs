@@ -98,8 +98,6 @@ pub use crate::semantics::queue::args::{
     CommandListDesc, CommandQueueDesc, QueueMode, QueuePriority, MAX_FILL_PATTERN_SIZE,
     QUEUES_PER_GROUP,
 };
-pub(crate) use crate::semantics::queue::command::{
-    check_operand, hold, owning_device, HeldOperand, Operand,
-};
+pub(crate) use crate::semantics::queue::command::{check_operand, hold, owning_device, Operand};
 pub(crate) use crate::semantics::queue::engine::{device_sync_op, Submitter};
 pub use crate::spec::{FreePolicy, SyncStatus};
