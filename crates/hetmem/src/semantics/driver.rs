@@ -36,25 +36,27 @@ use crate::semantics::usm::UsmState;
 use crate::semantics::vmm::VmState;
 
 #[derive(Debug)]
+/// The fields are the semantics layer's alone: `api/` reaches the driver only through the
+/// calls of the semantics modules.
 pub(crate) struct DriverShared {
-    pub(crate) config: BackendConfig,
-    pub(crate) backend: Box<dyn Backend>,
-    pub(crate) vm: RwLock<VmState>,
+    pub(in crate::semantics) config: BackendConfig,
+    pub(in crate::semantics) backend: Box<dyn Backend>,
+    pub(in crate::semantics) vm: RwLock<VmState>,
     /// `vm`'s reservation page tables, for the access calls, which take no `vm` lock
     /// ([`crate::semantics::access`]).
-    pub(crate) vm_index: Arc<ReservationIndex>,
+    pub(in crate::semantics) vm_index: Arc<ReservationIndex>,
     /// USM allocations and imports (lock order: see the module docs).
-    pub(crate) usm: RwLock<UsmState>,
+    pub(in crate::semantics) usm: RwLock<UsmState>,
     /// In-flight references of queued device work to USM allocations ([`crate::queue`]).
-    pub(crate) inflight: InFlight,
+    pub(in crate::semantics) inflight: InFlight,
     /// ACL managed memory ([`crate::managed`]); its own lock, never held with `usm` or `vm`.
-    pub(crate) managed: ManagedState,
+    pub(in crate::semantics) managed: ManagedState,
     /// [`crate::RuntimeBuilder::ipc_max_range_pieces`].
-    pub(crate) ipc_max_range_pieces: usize,
+    pub(in crate::semantics) ipc_max_range_pieces: usize,
     /// The engines of the host-synchronous copies and fills that reach memory the host cannot
     /// ([`crate::semantics::queue::device_sync_op`]), by device ordinal, each made on first
     /// use; one operation at a time.
-    pub(crate) sync_engines:
+    pub(in crate::semantics) sync_engines:
         parking_lot::Mutex<std::collections::HashMap<u32, Box<dyn crate::backend::Engine>>>,
 }
 
