@@ -152,6 +152,19 @@
 //! - Queue descriptors: one queue group (ordinal 0) of 64 queues, each with its own engine;
 //!   `ZE_COMMAND_QUEUE_MODE_SYNCHRONOUS` (queues and immediate lists) waits for the work before
 //!   returning.
+//! - **The reference driver's answers where the header's error list differs** (deliberate:
+//!   programs written for Level Zero follow Intel's compute-runtime; the rules live in
+//!   `hetmem::semantics::vmm`; cases 3 and 4 of `shared/cases/level-zero.md`, checked by
+//!   `tests/c/ze/cases_vm.c`):
+//!   - `zeVirtualMemQueryPageSize` with `size` 0 is `ZE_RESULT_SUCCESS` and answers the page
+//!     size of the smallest allocation (that of size 1: 64 KiB on the host backend, 2 MiB on
+//!     CUDA). The header's answer is `ZE_RESULT_ERROR_UNSUPPORTED_SIZE` (`0 == size`); the
+//!     loader's validation layer gives that answer itself, before the driver is called.
+//!   - `zeVirtualMemUnmap` of a page-aligned range inside one reservation that is already
+//!     unmapped, or was never mapped, is `ZE_RESULT_SUCCESS` and changes nothing; of a partly
+//!     mapped range it unmaps the mapped pages. The header asks for a mapped range (its answer:
+//!     `ZE_RESULT_ERROR_INVALID_ARGUMENT`); a range outside every reservation of the context,
+//!     or across two, stays `ZE_RESULT_ERROR_INVALID_ARGUMENT`.
 //! - Under the loader's 1.4 validation layer, what 1.4 did not allow is refused by the layer
 //!   before it reaches this driver: a null start hint of `zeVirtualMemReserve`,
 //!   `ZE_PHYSICAL_MEM_FLAG_ALLOCATE_ON_HOST` and a null device of `zePhysicalMemCreate`, host

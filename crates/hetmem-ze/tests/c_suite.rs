@@ -555,6 +555,13 @@ fn virtual_and_physical_memory() {
     loader_suite("vm");
 }
 
+/// Cases 3 and 4 of `shared/cases/level-zero.md`: the page size for size 0, and unmap where
+/// nothing is mapped (the reference driver's answers).
+#[test]
+fn cases_3_4_page_size_of_zero_and_unmap_of_unmapped() {
+    loader_suite("cases_vm");
+}
+
 #[test]
 fn queues_lists_events_fences_and_free_policies() {
     loader_suite("queue");

@@ -52,7 +52,7 @@ int main(void) {
     EXPECT(page == B);
     OK(zeVirtualMemQueryPageSize(e.ctx, e.dev[0], 4 * M2, &page));
     EXPECT(page == P);
-    CHECK(zeVirtualMemQueryPageSize(e.ctx, e.dev[0], 0, &page), ZE_RESULT_ERROR_UNSUPPORTED_SIZE);
+    /* size 0: case 3, in cases_vm.c */
     CHECK(zeVirtualMemQueryPageSize(e.ctx, e.dev[0], M2, NULL), ZE_RESULT_ERROR_INVALID_NULL_POINTER);
     CHECK(zeVirtualMemQueryPageSize(e.ctx, BOGUS(ze_device_handle_t), M2, &page), ZE_RESULT_ERROR_INVALID_NULL_HANDLE);
     /* The physical object: S = 2H bytes, H (the half made READONLY below) a whole number of
@@ -178,7 +178,7 @@ int main(void) {
     /* in use: a mapped object cannot be destroyed */
     CHECK(zePhysicalMemDestroy(e.ctx, ph), ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE);
     OK(zeVirtualMemUnmap(e.ctx, b, S));
-    CHECK(zeVirtualMemUnmap(e.ctx, b, S), ZE_RESULT_ERROR_INVALID_ARGUMENT); /* not mapped any more */
+    OK(zeVirtualMemUnmap(e.ctx, b, S)); /* not mapped any more: case 4 (cases_vm.c) */
     CHECK(zeVirtualMemUnmap(e.ctx, a + 4096, B), ZE_RESULT_ERROR_UNSUPPORTED_ALIGNMENT);
     OK(zeVirtualMemGetAccessAttribute(e.ctx, b, S, &acc, &out));
     EXPECT(acc == ZE_MEMORY_ACCESS_ATTRIBUTE_NONE);

@@ -41,8 +41,10 @@ impl Context {
     /// (`zeVirtualMemQueryPageSize`): 64 KiB below 2 MiB, 2 MiB from 2 MiB up, never below the
     /// device's granularity (a multiple of the OS page size).
     ///
-    /// Errors: `UnsupportedSize` if `size` is 0; `InvalidNullHandle` for a device of another
-    /// driver.
+    /// Size 0 answers the smallest allocation's page size (the reference driver; the header
+    /// lists `UnsupportedSize`, see [`crate::semantics::vmm`]).
+    ///
+    /// Errors: `InvalidNullHandle` for a device of another driver.
     pub fn query_page_size(&self, device: &Device, size: usize) -> Result<usize> {
         calls::query_page_size(self.d(), device.dref(), size)
     }
@@ -110,13 +112,14 @@ impl Context {
         calls::map(self.d(), self.id(), ptr, size, phys.id, offset, access)
     }
 
-    /// Unmaps `[ptr, ptr+size)` (`zeVirtualMemUnmap`): any base-page-aligned sub-range of
-    /// mapped pages. The pages revert to NONE and stay reserved. Blocks until no queued or
+    /// Unmaps `[ptr, ptr+size)` (`zeVirtualMemUnmap`): the mapped pages of any
+    /// base-page-aligned range inside one reservation; pages of it not mapped stay so (nothing
+    /// mapped: success, nothing changes). The pages revert to NONE and stay reserved. Blocks until no queued or
     /// running command references the reservation (see [`crate::queue`]).
     ///
     /// Errors: `UnsupportedAlignment` / `UnsupportedSize` if `ptr` / `size` is not a multiple of
     /// the base page (`query_page_size(1)`); `InvalidArgument` if the range is outside one
-    /// reservation or any page in it is not mapped.
+    /// reservation.
     pub fn unmap(&self, ptr: usize, size: usize) -> Result<()> {
         calls::unmap(self.d(), self.id(), ptr, size)
     }

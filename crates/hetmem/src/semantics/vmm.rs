@@ -18,7 +18,8 @@
 //!   the host backend): any base-page-aligned sub-range of mapped pages.
 //!
 //! # Error codes (beyond those each function lists)
-//! Null pointers give `InvalidNullPointer`; size 0 gives `UnsupportedSize`; an access value over
+//! Null pointers give `InvalidNullPointer`; size 0 gives `UnsupportedSize` (except in the
+//! page-size query, below); an access value over
 //! READONLY gives `InvalidEnumeration`; ranges outside this context's reservations give
 //! `InvalidArgument`. A failed call changes nothing.
 //!
@@ -28,6 +29,21 @@
 //! following the codes the header lists for that call (`nullptr == ptr`, `0 == size`). Every
 //! other mismatch (unknown pointer, interior pointer, wrong size, another context's
 //! reservation) is `InvalidArgument`.
+//!
+//! # The reference driver's answers where the header's list differs (deliberate choices)
+//! Programs written for Level Zero follow Intel's compute-runtime, the production driver, where
+//! its answer and the 1.4 header's error list differ; hetmem answers as that driver does:
+//! - `zeVirtualMemQueryPageSize` with size 0 is `SUCCESS` and answers the page size of the
+//!   smallest allocation (`page_size_for(min_page, 1)`: 64 KiB on the host backend, 2 MiB on
+//!   CUDA). The header lists `ZE_RESULT_ERROR_UNSUPPORTED_SIZE` for `0 == size`, and the
+//!   loader's validation layer (`ZE_ENABLE_PARAMETER_VALIDATION=1`) returns that code itself
+//!   before the driver is called; the driver does not answer differently under the layer.
+//! - `zeVirtualMemUnmap` of a base-page-aligned range inside one reservation unmaps the pages
+//!   of it that are mapped and leaves the others unmapped: a range that is already unmapped,
+//!   or was never mapped, is `SUCCESS` and changes nothing (programs unmap the first mapping,
+//!   then every mapping in a loop, the first one twice). The header's text asks for a mapped
+//!   range and lists `ZE_RESULT_ERROR_INVALID_ARGUMENT`; a range outside every reservation of
+//!   the context (or across two) stays `InvalidArgument`.
 //!
 //! # Queued device work
 //! Queued copies and fills may use mapped pages ([`crate::queue`]); each submitted batch holds a
@@ -243,11 +259,11 @@ impl VmState {
         Ok(i)
     }
 
-    /// `zeVirtualMemQueryPageSize`.
+    /// `zeVirtualMemQueryPageSize`. Size 0 answers the page size of the smallest allocation,
+    /// `page_size_for(min_page, 1)` (the reference driver; see the module docs).
     pub(crate) fn query_page_size(&self, device: u32, size: usize) -> Result<usize> {
         let i = self.device_index(device)?;
-        nonzero(size, "page-size query size")?;
-        Ok(page_size_for(self.min_page[i], size))
+        Ok(page_size_for(self.min_page[i], size.max(1)))
     }
 
     /// The reservation of `context` that wholly contains `[ptr, ptr+size)`.
@@ -545,7 +561,9 @@ impl VmState {
         Ok(())
     }
 
-    /// `zeVirtualMemUnmap`: every page of the range must be mapped.
+    /// `zeVirtualMemUnmap`: the mapped pages of a base-page-aligned range inside one
+    /// reservation are unmapped; pages of it that are not mapped stay so (a range with
+    /// nothing mapped succeeds and changes nothing).
     pub(crate) fn unmap(
         &mut self,
         backend: &dyn Backend,
@@ -575,16 +593,21 @@ impl VmState {
             }
             return Ok(());
         }
-        if let Some(gap) = self.mapped.first_gap(ptr, ptr + size) {
-            return Err(Error::InvalidArgument(format!(
-                "page {} in [{}, {}) is not mapped",
-                Addr(gap),
-                Addr(ptr),
-                Addr(ptr + size)
-            )));
+        if self.mapped.first_gap(ptr, ptr + size).is_none() {
+            // Removing pages never makes two runs adjacent, so nothing to coalesce.
+            return self.unmap_run(backend, ptr, ptr + size);
         }
-        // Removing pages never makes two runs adjacent, so nothing to coalesce.
-        self.unmap_run(backend, ptr, ptr + size)
+        // Pages of the range that are not mapped stay so (the reference driver's answer, see
+        // the module docs): only the mapped pieces are unmapped, each clipped to the range.
+        let pieces: Vec<(usize, usize)> = self
+            .mapped
+            .overlapping(ptr, ptr + size)
+            .map(|(s, e)| (s.max(ptr), e.end.min(ptr + size)))
+            .collect();
+        for (s, e) in pieces {
+            self.unmap_run(backend, s, e)?;
+        }
+        Ok(())
     }
 
     /// Bases of the reservations of `context` (teardown waits for in-flight work on them).
