@@ -7,7 +7,8 @@
  *   [T]  Debian trixie's libze-dev 1.20.6 (API 1.12) ze_api.h;
  *   [S]  oneAPI Level Zero specification 1.18 pages (shared/spec/level-zero-*.txt);
  *   [P]  PROVISIONAL: not found in any published header; chosen here (see below).
- *   [I]  inferred, not confirmed in a published header.
+ *   [I]  inferred, not confirmed in a published header;
+ *   [C]  shared/cases/level-zero.md (what programs written for the 1.17 headers read).
  * Types are guarded by a macro the header that declares them defines (their extension name),
  * so this header also compiles with newer ze_api.h versions. Function declarations are
  * repeated as the headers give them (a repeated identical prototype is legal C).
@@ -30,6 +31,7 @@ extern "C" {
 #define ZE_HETMEM_STYPE_IPC_MEM_HANDLE_TYPE_EXT_DESC ((ze_structure_type_t)0x0002003d)       /* [F] */
 #define ZE_HETMEM_STYPE_PHYSICAL_MEM_PROPERTIES ((ze_structure_type_t)0x00020040)            /* [F] */
 #define ZE_HETMEM_STYPE_INIT_DRIVER_TYPE_DESC ((ze_structure_type_t)0x00020021)              /* [T] */
+#define ZE_HETMEM_STYPE_DEVICE_READONLY_MEMORY_EXT_PROPERTIES ((ze_structure_type_t)0x10015)  /* [C] */
 /* [P] The v1.18 range descriptor's stype (ZE_STRUCTURE_TYPE_IPC_PHYS_MEM_HANDLE_RANGE_EXT_DESC)
  * was in no published header: 0x00020049 is the first value after the last stype of the 1.17
  * header [F], so it collides with no published stype. The one place it lives in C (Rust:
@@ -48,6 +50,9 @@ extern "C" {
 #define ZE_HETMEM_RELAXED_ALLOCATION_LIMITS_EXT_FLAG_MAX_SIZE (1u << 0) /* [S] */
 #define ZE_HETMEM_INIT_DRIVER_TYPE_FLAG_GPU (1u << 0)                   /* [T] */
 #define ZE_HETMEM_INIT_DRIVER_TYPE_FLAG_NPU (1u << 1)                   /* [T] */
+/* ze_device_readonly_memory_capability_t [C]: NONE (0, READONLY has no effect), ENFORCED (2). */
+#define ZE_HETMEM_DEVICE_READONLY_MEMORY_CAPABILITY_NONE 0u
+#define ZE_HETMEM_DEVICE_READONLY_MEMORY_CAPABILITY_ENFORCED 2u
 
 /* ---- extension names [F] --------------------------------------------------------------- */
 #define ZE_HETMEM_RELAXED_ALLOCATION_LIMITS_EXT_NAME "ZE_extension_relaxed_allocation_limits"
@@ -98,6 +103,17 @@ typedef struct _ze_init_driver_type_desc_t {
     const void *pNext;
     uint32_t flags;
 } ze_init_driver_type_desc_t;
+#endif
+/* Chained on ze_device_properties_t (zeDeviceGetProperties) [C]; the layout is the properties
+ * base (stype, pNext) and the one enum field [I]. The 1.17 header's extension-name macro is not
+ * known here: a header that declares the type must define ZE_HETMEM_HAVE_READONLY_MEMORY_EXT
+ * before including this one. */
+#ifndef ZE_HETMEM_HAVE_READONLY_MEMORY_EXT
+typedef struct _ze_device_readonly_memory_ext_properties_t {
+    ze_structure_type_t stype;
+    void *pNext;
+    uint32_t readonlyCapability;
+} ze_device_readonly_memory_ext_properties_t;
 #endif
 
 /* ---- functions (prototypes as in [T] and [S]) ------------------------------------------ */

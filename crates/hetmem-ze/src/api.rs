@@ -458,6 +458,21 @@ pub unsafe extern "C" fn zeDeviceGetProperties(
         u[14..16].copy_from_slice(&(d.ordinal() as u16).to_le_bytes());
         p.uuid.id = u;
         copy_str(&mut p.name, &info.name);
+        // Chained properties this driver answers; others are left as they are.
+        let mut next = p.pNext;
+        for _ in 0..64 {
+            if next.is_null() {
+                break;
+            }
+            let b = &*(next as *const ze_base_desc_t);
+            if b.stype == ZE_STRUCTURE_TYPE_DEVICE_READONLY_MEMORY_EXT_PROPERTIES {
+                let r = &mut *(next as *mut ze_device_readonly_memory_ext_properties_t);
+                if hetmem::vmm::DEVICE_WRITES_TO_READONLY_REFUSED {
+                    r.readonlyCapability = ZE_DEVICE_READONLY_MEMORY_CAPABILITY_ENFORCED;
+                }
+            }
+            next = b.pNext as *mut c_void;
+        }
     })
 }
 

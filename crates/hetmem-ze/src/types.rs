@@ -70,6 +70,12 @@ pub const ZE_STRUCTURE_TYPE_IPC_PHYS_MEM_HANDLE_RANGE_EXT_DESC: u32 = 0x0002_004
 /// `ze_init_driver_type_desc_t` (API 1.10; value from the 1.12 header of Debian trixie's
 /// `libze-dev` 1.20.6).
 pub const ZE_STRUCTURE_TYPE_INIT_DRIVER_TYPE_DESC: u32 = 0x0002_0021;
+/// `ze_device_readonly_memory_ext_properties_t`, chained on `zeDeviceGetProperties` (newer than
+/// the 1.4 header; value from `shared/cases/level-zero.md`, case 2).
+pub const ZE_STRUCTURE_TYPE_DEVICE_READONLY_MEMORY_EXT_PROPERTIES: u32 = 0x10015;
+/// `ze_device_readonly_memory_capability_t`: READONLY pages are enforced on device accesses
+/// (0 is NONE, "has no effect").
+pub const ZE_DEVICE_READONLY_MEMORY_CAPABILITY_ENFORCED: u32 = 2;
 
 // flags and enums
 pub const ZE_INIT_FLAG_GPU_ONLY: u32 = 1 << 0;
@@ -148,6 +154,14 @@ pub struct ze_driver_memory_free_ext_properties_t {
     pub stype: u32,
     pub pNext: *mut c_void,
     pub freePolicies: u32,
+}
+
+/// Chained on `ze_device_properties_t` (the properties base, then one enum).
+#[repr(C)]
+pub struct ze_device_readonly_memory_ext_properties_t {
+    pub stype: u32,
+    pub pNext: *mut c_void,
+    pub readonlyCapability: u32,
 }
 
 #[repr(C)]

@@ -562,6 +562,13 @@ fn cases_3_4_page_size_of_zero_and_unmap_of_unmapped() {
     loader_suite("cases_vm");
 }
 
+/// Case 2 of `shared/cases/level-zero.md`: the read-only capability chained on the device
+/// properties (ENFORCED), and enforced.
+#[test]
+fn case_2_readonly_capability_enforced() {
+    loader_suite("cases_props");
+}
+
 #[test]
 fn queues_lists_events_fences_and_free_policies() {
     loader_suite("queue");

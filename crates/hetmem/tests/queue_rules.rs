@@ -430,6 +430,9 @@ fn virtual_memory_operands_need_mapped_pages_with_the_right_access() {
         INVALID_ARGUMENT,
         "read-only pages are no destination"
     );
+    // What hetmem reports for it (zeDeviceGetProperties' readonlyCapability, case 2 of
+    // shared/cases/level-zero.md): the refusal above is the rule it names.
+    const { assert!(hetmem::vmm::DEVICE_WRITES_TO_READONLY_REFUSED) };
     l.append_memory_copy(h, r.base, 16, None, &[]).unwrap();
     ctx.set_access_attribute(r.base, page, AccessAttribute::None)
         .unwrap();

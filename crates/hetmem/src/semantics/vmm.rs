@@ -77,6 +77,12 @@ use crate::semantics::checks::{aligned, nonzero, null_check, size_multiple};
 use crate::semantics::ranges::{RangeMap, Splittable};
 pub use crate::spec::{AccessAttribute, PhysicalMemoryFlags};
 
+/// Whether device work is refused where a page is READONLY: always. Queued copies and fills
+/// whose destination has a READONLY page are refused at append (`InvalidArgument`, see
+/// [`crate::semantics::access`]), on every backend, so Level Zero's
+/// `ze_device_readonly_memory_ext_properties_t::readonlyCapability` is ENFORCED.
+pub const DEVICE_WRITES_TO_READONLY_REFUSED: bool = true;
+
 /// 64 KiB, the page size the query answers below 2 MiB.
 pub const PAGE_64K: usize = 64 << 10;
 /// 2 MiB, the page size the query answers from 2 MiB up.
