@@ -391,16 +391,11 @@ fn run_table_model(ops: &[Op]) {
                 }
             }
             Op::Unmap(i, n) => {
+                // Unmapped pages of the range stay unmapped (case 4 of
+                // shared/cases/level-zero.md, the reference driver's answer).
                 let got = ctx.unmap(at(i), n * page);
-                if model[i..i + n].iter().all(Option::is_some) {
-                    got.unwrap_or_else(|e| panic!("{step}: unmap: {e}"));
-                    model[i..i + n].fill(None);
-                } else {
-                    assert!(
-                        matches!(got, Err(Error::InvalidArgument(_))),
-                        "{step}: {got:?}"
-                    );
-                }
+                got.unwrap_or_else(|e| panic!("{step}: unmap: {e}"));
+                model[i..i + n].fill(None);
             }
             Op::Set(i, n, a) => {
                 ctx.set_access_attribute(at(i), n * page, a)
