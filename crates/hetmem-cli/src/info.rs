@@ -34,6 +34,9 @@ pub fn run(args: Args) -> Result<(), String> {
     let ctx = drv.create_context().map_err(|e| e.to_string())?;
     println!("backend:  {}", drv.backend_kind().name());
     println!("driver:   {}", drv.describe());
+    if let Some(k) = drv.page_kinds() {
+        println!("pages:    {k}");
+    }
     println!("devices:  {}", drv.devices().len());
     for d in drv.devices() {
         let i = d.info();

@@ -77,6 +77,10 @@ pub struct HostConfig {
     /// when every value is in force as asked): for `hetmem info`, warnings and any front
     /// that reports the configuration.
     pub adjustments: Vec<Adjustment>,
+    /// Take 2 MiB pages where the machine offers them (shmem THP for physical objects,
+    /// reserved hugetlbfs pages for managed memory); false: 4 KiB pages only
+    /// (`HETMEM_HOST_HUGE_PAGES=off`). Default true.
+    pub huge_pages: bool,
 }
 
 /// A configuration value the runtime changed instead of taking it as given: which setting,
@@ -119,6 +123,7 @@ impl HostConfig {
             device_memory,
             max_alloc_size: round(device_memory / 2).max(2 << 20),
             adjustments: Vec::new(),
+            huge_pages: true,
         }
     }
 }

@@ -5,7 +5,9 @@
 //! (`host`, the default, or `cuda`) through [`Runtime::from_env`]. Host-backend devices are set
 //! by `HETMEM_HOST_DEVICES` (default 2) and `HETMEM_HOST_DEVICE_MEMORY` (bytes per device, with an
 //! optional `K`/`M`/`G`/`T` suffix; default a quarter of RAM split between the devices), and the
-//! largest single allocation by `HETMEM_HOST_MAX_ALLOC` (default half a device).
+//! largest single allocation by `HETMEM_HOST_MAX_ALLOC` (default half a device); 2 MiB pages
+//! where the machine offers them unless `HETMEM_HOST_HUGE_PAGES=off` (`on`/`auto`, the default,
+//! takes them).
 
 use std::sync::Arc;
 
@@ -59,6 +61,13 @@ impl RuntimeBuilder {
         self.max_alloc_setting = Some(format!("host_max_alloc_size({bytes})"));
         self
     }
+    /// Whether the host backend takes 2 MiB pages where the machine offers them (shmem THP for
+    /// physical objects mapped 2 MiB-aligned, reserved hugetlbfs pages for managed memory;
+    /// 4 KiB pages wherever none is free). Default true; `HETMEM_HOST_HUGE_PAGES=off` sets false.
+    pub fn host_huge_pages(mut self, on: bool) -> Self {
+        self.host.huge_pages = on;
+        self
+    }
     /// Most `(physical object, offset, length)` pieces one IPC range handle of this driver
     /// carries (`ze_ipc_phys_mem_handle_range_ext_desc_t`): exporting a range of more pieces is
     /// `UnsupportedSize` naming the limit, and opening a range handle that claims more is
@@ -107,6 +116,17 @@ impl RuntimeBuilder {
                     });
                 }
             }
+        }
+        if let Ok(v) = std::env::var("HETMEM_HOST_HUGE_PAGES") {
+            b = b.host_huge_pages(match v.trim().to_ascii_lowercase().as_str() {
+                "" | "on" | "auto" | "1" => true,
+                "off" | "0" => false,
+                _ => {
+                    return Err(Error::InvalidArgument(format!(
+                        "HETMEM_HOST_HUGE_PAGES={v:?} is not one of: auto, on, off"
+                    )))
+                }
+            });
         }
         for var in ["HETMEM_HOST_DEVICE_MEMORY", "HETMEM_HOST_MAX_ALLOC"] {
             let Ok(v) = std::env::var(var) else { continue };
@@ -186,6 +206,7 @@ impl RuntimeBuilder {
                     self.host.devices,
                     self.host.device_memory,
                     self.host.max_alloc_size,
+                    self.host.huge_pages,
                 ),
                 BackendConfig::Host(self.host),
             ),
@@ -279,6 +300,13 @@ impl Driver {
     /// A description of the backend (platform, versions).
     pub fn describe(&self) -> String {
         crate::semantics::driver::describe(&self.shared)
+    }
+
+    /// Which page kinds the backend uses and why (the host backend: 4 KiB or 2 MiB pages for
+    /// physical objects and managed memory, from the machine's settings and
+    /// [`RuntimeBuilder::host_huge_pages`]); `None` where the driver decides (cuda).
+    pub fn page_kinds(&self) -> Option<String> {
+        crate::semantics::driver::page_kinds(&self.shared)
     }
 
     /// The host-backend settings in force; `None` on another backend.

@@ -39,11 +39,13 @@ pub(crate) fn create_host(
     devices: u32,
     device_memory: u64,
     max_alloc_size: u64,
+    huge_pages: bool,
 ) -> Box<dyn Backend> {
     Box::new(host::HostBackend::new(
         devices,
         device_memory,
         max_alloc_size,
+        huge_pages,
     ))
 }
 
@@ -227,6 +229,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// Description of the platform for `hetmem info` (driver version, etc.).
     fn describe(&self) -> String;
+
+    /// Which page kinds the backend uses for its memory and why, for `hetmem info` (the host
+    /// backend: 4 KiB or 2 MiB pages, see `host::huge`); `None` where the driver decides.
+    fn page_kinds(&self) -> Option<String> {
+        None
+    }
 
     /// Bytes of host memory that host physical memory may use in all (the machine's RAM).
     fn host_capacity(&self) -> u64 {

@@ -109,6 +109,11 @@ pub(crate) fn config(d: &DriverShared) -> &BackendConfig {
 }
 
 /// The backend's description (platform, versions).
+/// The backend's page kinds and why (`Driver::page_kinds`).
+pub(crate) fn page_kinds(d: &DriverShared) -> Option<String> {
+    d.backend.page_kinds()
+}
+
 pub(crate) fn describe(d: &DriverShared) -> String {
     d.backend.describe()
 }

@@ -64,6 +64,7 @@ const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
 const UFFDIO_REGISTER_MODE_WP: u64 = 2;
 const UFFDIO_REGISTER_MODE_MINOR: u64 = 4;
 const UFFDIO_CONTINUE_MODE_WP: u64 = 2;
+const UFFD_FEATURE_MINOR_HUGETLBFS: u64 = 1 << 9;
 const UFFD_FEATURE_MINOR_SHMEM: u64 = 1 << 10;
 const UFFD_FEATURE_WP_HUGETLBFS_SHMEM: u64 = 1 << 12;
 const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1;
@@ -138,7 +139,8 @@ unsafe fn uffd_ioctl<T>(fd: &OwnedFd, req: u64, arg: &mut T) -> rustix::io::Resu
 }
 
 /// Why managed memory cannot work here, or the userfaultfd ready for use.
-fn open_userfaultfd() -> std::result::Result<(OwnedFd, bool), String> {
+/// Also says whether user mode only was needed and whether minor faults on hugetlbfs work.
+fn open_userfaultfd() -> std::result::Result<(OwnedFd, bool, bool), String> {
     let flags = UserfaultfdFlags::CLOEXEC | UserfaultfdFlags::NONBLOCK;
     // SAFETY: creating the fd has no effect on memory by itself.
     let (fd, user_only) = match unsafe { rustix::mm::userfaultfd(flags) } {
@@ -162,14 +164,22 @@ fn open_userfaultfd() -> std::result::Result<(OwnedFd, bool), String> {
             }
         }
     };
-    let mut api = UffdioApi {
-        api: UFFD_API,
-        features: UFFD_FEATURE_MINOR_SHMEM | UFFD_FEATURE_WP_HUGETLBFS_SHMEM,
-        ioctls: 0,
-    };
-    // SAFETY: UFFDIO_API takes a uffdio_api.
-    if let Err(e) = unsafe { uffd_ioctl(&fd, UFFDIO_API, &mut api) } {
-        return Err(format!("ioctl(UFFDIO_API) failed: {e}"));
+    // Minor faults on hugetlbfs too where the kernel has them (hugetlbfs backings); a kernel
+    // without refuses the whole request, and is asked again without it.
+    let base = UFFD_FEATURE_MINOR_SHMEM | UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
+    let mut api = UffdioApi::default();
+    for features in [base | UFFD_FEATURE_MINOR_HUGETLBFS, base] {
+        api = UffdioApi {
+            api: UFFD_API,
+            features,
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_API takes a uffdio_api.
+        match unsafe { uffd_ioctl(&fd, UFFDIO_API, &mut api) } {
+            Ok(()) => break,
+            Err(e) if features == base => return Err(format!("ioctl(UFFDIO_API) failed: {e}")),
+            Err(_) => {}
+        }
     }
     let need =
         UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_MINOR_SHMEM | UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
@@ -181,7 +191,11 @@ fn open_userfaultfd() -> std::result::Result<(OwnedFd, bool), String> {
             api.features
         ));
     }
-    Ok((fd, user_only))
+    Ok((
+        fd,
+        user_only,
+        api.features & UFFD_FEATURE_MINOR_HUGETLBFS != 0,
+    ))
 }
 
 /// The host backend's managed-memory operations: one userfaultfd for the whole driver and one
@@ -195,6 +209,8 @@ pub struct HostManaged {
     pools: Vec<OwnedFd>,
     /// The mapper thread, one user at a time.
     mapper: parking_lot::Mutex<Mapper>,
+    /// Host backings are tried on hugetlbfs first ([`super::huge`]).
+    hugetlb: bool,
 }
 
 /// The helper thread that maps (`UFFDIO_CONTINUE`) host pages whose bytes another thread has
@@ -319,11 +335,17 @@ impl Drop for Mapper {
 
 impl HostManaged {
     /// Opens the userfaultfd and the device memfds. Err: why managed memory is unavailable.
-    pub fn new(devices: &[DeviceInfo]) -> std::result::Result<HostManaged, String> {
+    /// `hugetlb`: back managed allocations with reserved 2 MiB hugetlbfs pages while enough are
+    /// free (and the kernel's userfaultfd handles minor faults there), else with shmem.
+    pub fn new(devices: &[DeviceInfo], hugetlb: bool) -> std::result::Result<HostManaged, String> {
         // user_mode_only: only user-mode faults are handled (kernel accesses to absent pages
         // then fail with EFAULT).
-        let (uffd, user_mode_only) = open_userfaultfd()?;
-        tracing::debug!(user_mode_only, "userfaultfd opened for managed memory");
+        let (uffd, user_mode_only, minor_hugetlbfs) = open_userfaultfd()?;
+        tracing::debug!(
+            user_mode_only,
+            minor_hugetlbfs,
+            "userfaultfd opened for managed memory"
+        );
         let mut pools = Vec::new();
         for (i, d) in devices.iter().enumerate() {
             let fd = super::sized_memfd("hetmem-managed-device", d.capacity)
@@ -336,14 +358,82 @@ impl HostManaged {
             backing: Default::default(),
             pools,
             mapper,
+            hugetlb: hugetlb && minor_hugetlbfs,
         })
     }
 
     /// The alias address of host address `addr` (inside a live range).
     fn alias(&self, addr: usize) -> usize {
+        self.alias_kind(addr).0
+    }
+
+    /// The alias address of host address `addr` and whether its range is on hugetlbfs.
+    fn alias_kind(&self, addr: usize) -> (usize, bool) {
         let b = self.backing.lock();
         let (&base, bk) = b.range(..=addr).next_back().expect("a live managed range");
-        bk.alias + (addr - base)
+        (bk.alias + (addr - base), bk.huge)
+    }
+
+    /// The host range and its alias over `fd` (each over its own placeholder aligned to
+    /// `align`), registered with the userfaultfd. Err: the first failure, nothing left mapped.
+    fn map_backing(&self, fd: &OwnedFd, size: usize, align: usize) -> Result<(usize, usize)> {
+        let mut made: Vec<usize> = Vec::new();
+        let cleanup = |made: &[usize], e: HalError| {
+            for &m in made {
+                // SAFETY: our own fresh mappings, unknown to anyone else.
+                unsafe { rustix::mm::munmap(m as *mut _, size).ok() };
+            }
+            e
+        };
+        for _ in 0..2 {
+            // SAFETY: a fresh placeholder chosen by the kernel, replacing nothing.
+            let at = match unsafe { reserve_placeholder(None, size, align) } {
+                Ok(a) => a,
+                Err(e) => return Err(cleanup(&made, e)),
+            };
+            made.push(at);
+            // SAFETY: MAP_FIXED over the placeholder we just made; the memfd is `size` long.
+            let r = unsafe {
+                super::map_shared_fixed(
+                    at,
+                    size,
+                    ProtFlags::READ | ProtFlags::WRITE,
+                    MapFlags::empty(),
+                    fd,
+                    0,
+                )
+            };
+            if let Err(e) = r {
+                return Err(cleanup(&made, os_error("mmap of managed host memory", e)));
+            }
+        }
+        let (host, alias) = (made[0], made[1]);
+        let mut reg = UffdioRegister {
+            range: Self::range(host, size),
+            mode: UFFDIO_REGISTER_MODE_MISSING
+                | UFFDIO_REGISTER_MODE_MINOR
+                | UFFDIO_REGISTER_MODE_WP,
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_REGISTER takes a uffdio_register.
+        if let Err(e) = unsafe { uffd_ioctl(&self.uffd, UFFDIO_REGISTER, &mut reg) } {
+            return Err(cleanup(
+                &made,
+                os_error("ioctl(UFFDIO_REGISTER) of a managed range", e),
+            ));
+        }
+        if reg.ioctls & IOCTL_WRITEPROTECT_BIT == 0 {
+            let mut r = Self::range(host, size);
+            // SAFETY: UFFDIO_UNREGISTER takes a uffdio_range; the range is ours.
+            unsafe { uffd_ioctl(&self.uffd, UFFDIO_UNREGISTER, &mut r).ok() };
+            return Err(cleanup(
+                &made,
+                HalError::Unexpected(
+                    "UFFDIO_REGISTER did not grant UFFDIO_WRITEPROTECT on shmem".into(),
+                ),
+            ));
+        }
+        Ok((host, alias))
     }
 
     /// [`continue_range`] on this driver's userfaultfd.
@@ -373,69 +463,51 @@ impl ManagedOps for HostManaged {
     }
 
     fn reserve(&self, size: usize, align: usize) -> Result<ManagedRange> {
-        let fd = super::sized_memfd("hetmem-managed-host", size as u64)?;
-        let mut made: Vec<usize> = Vec::new();
-        let cleanup = |made: &[usize], e: HalError| {
-            for &m in made {
-                // SAFETY: our own fresh mappings, unknown to anyone else.
-                unsafe { rustix::mm::munmap(m as *mut _, size).ok() };
-            }
-            e
-        };
-        // The managed range and the alias, each over its own aligned placeholder.
-        for _ in 0..2 {
-            // SAFETY: a fresh placeholder chosen by the kernel, replacing nothing.
-            let at = match unsafe { reserve_placeholder(None, size, align) } {
-                Ok(a) => a,
-                Err(e) => return Err(cleanup(&made, e)),
-            };
-            made.push(at);
-            // SAFETY: MAP_FIXED over the placeholder we just made; the memfd is `size` long.
-            let r = unsafe {
-                super::map_shared_fixed(
-                    at,
-                    size,
-                    ProtFlags::READ | ProtFlags::WRITE,
-                    MapFlags::empty(),
-                    &fd,
-                    0,
-                )
-            };
-            if let Err(e) = r {
-                return Err(cleanup(&made, os_error("mmap of managed host memory", e)));
+        // hugetlbfs first where reserved huge pages may be free: its first mapping reserves
+        // the whole allocation's pages, and fails (ENOMEM) when too few are free; then shmem.
+        let mut huge = None;
+        if self.hugetlb && size.is_multiple_of(super::huge::HUGE) {
+            if let Ok(fd) = super::huge::hugetlb_memfd("hetmem-managed-host", size as u64) {
+                match self.map_backing(&fd, size, align.max(super::huge::HUGE)) {
+                    Ok(m) => huge = Some((fd, m)),
+                    Err(e) => tracing::debug!("managed allocation on 4 KiB pages: {e}"),
+                }
             }
         }
-        let (host, alias) = (made[0], made[1]);
-        let mut reg = UffdioRegister {
-            range: Self::range(host, size),
-            mode: UFFDIO_REGISTER_MODE_MISSING
-                | UFFDIO_REGISTER_MODE_MINOR
-                | UFFDIO_REGISTER_MODE_WP,
-            ioctls: 0,
+        let (fd, (host, alias), is_huge) = match huge {
+            Some((fd, m)) => (fd, m, true),
+            None => {
+                let fd = super::sized_memfd("hetmem-managed-host", size as u64)?;
+                let m = self.map_backing(&fd, size, align)?;
+                (fd, m, false)
+            }
         };
-        // SAFETY: UFFDIO_REGISTER takes a uffdio_register.
-        if let Err(e) = unsafe { uffd_ioctl(&self.uffd, UFFDIO_REGISTER, &mut reg) } {
-            return Err(cleanup(
-                &made,
-                os_error("ioctl(UFFDIO_REGISTER) of a managed range", e),
-            ));
-        }
-        if reg.ioctls & IOCTL_WRITEPROTECT_BIT == 0 {
-            return Err(cleanup(
-                &made,
-                HalError::Unexpected(
-                    "UFFDIO_REGISTER did not grant UFFDIO_WRITEPROTECT on shmem".into(),
-                ),
-            ));
-        }
+        let mut made = vec![host, alias];
         for _ in &self.pools {
             // SAFETY: a fresh placeholder chosen by the kernel.
             match unsafe { reserve_placeholder(None, size, align) } {
                 Ok(m) => made.push(m),
-                Err(e) => return Err(cleanup(&made, e)),
+                Err(e) => {
+                    let mut r = Self::range(host, size);
+                    // SAFETY: UFFDIO_UNREGISTER takes a uffdio_range; the ranges are ours.
+                    unsafe {
+                        uffd_ioctl(&self.uffd, UFFDIO_UNREGISTER, &mut r).ok();
+                        for &m in &made {
+                            rustix::mm::munmap(m as *mut _, size).ok();
+                        }
+                    }
+                    return Err(e);
+                }
             }
         }
-        self.backing.lock().insert(host, Backing { _fd: fd, alias });
+        self.backing.lock().insert(
+            host,
+            Backing {
+                _fd: fd,
+                alias,
+                huge: is_huge,
+            },
+        );
         Ok(ManagedRange {
             host,
             mirrors: made[2..].to_vec(),
@@ -547,11 +619,28 @@ impl ManagedOps for HostManaged {
         len: usize,
         ahead: Option<(usize, usize)>,
     ) -> Result<()> {
+        let (alias, huge) = self.alias_kind(addr);
+        if huge {
+            // One 2 MiB entry to install: nothing worth overlapping (and a hugetlbfs page
+            // cannot be mapped in pieces). Copy, map, then stage the next page.
+            if let HostSource::Copy(src) = src {
+                // SAFETY: as in `host_install`.
+                unsafe { stream_copy(alias, src, len) };
+            }
+            // SAFETY: the bytes are in the backing; the entries are absent (caller).
+            let r = unsafe { self.continue_range(addr, len, false) };
+            if r.is_ok() {
+                if let Some((b, bsrc)) = ahead {
+                    // SAFETY: forwarded contract of `host_stage`.
+                    unsafe { self.host_stage(b, bsrc, len) };
+                }
+            }
+            return r;
+        }
         let mapper = self.mapper.lock();
         match src {
             HostSource::Staged => mapper.send(addr, len, false),
             HostSource::Copy(src) => {
-                let alias = self.alias(addr);
                 let chunk = if len.is_multiple_of(INSTALL_CHUNK) {
                     INSTALL_CHUNK
                 } else {
@@ -832,6 +921,8 @@ pub unsafe fn stream_copy(dst: usize, src: usize, len: usize) {
 struct Backing {
     _fd: OwnedFd,
     alias: usize,
+    /// On hugetlbfs (2 MiB pages).
+    huge: bool,
 }
 
 #[derive(Debug)]

@@ -8,7 +8,7 @@
 //! | release | `munmap(2)` |
 //! | create physical | `memfd_create(2)`, `ftruncate(2)`, `fcntl(F_ADD_SEALS)` |
 //! | destroy physical | `close(2)` |
-//! | map | `mmap(MAP_SHARED \| MAP_FIXED \| MAP_POPULATE, memfd, offset)` (no `MAP_POPULATE` for access NONE) |
+//! | map | `mmap(MAP_SHARED \| MAP_FIXED \| MAP_POPULATE, memfd, offset)` (no `MAP_POPULATE` for access NONE); with shmem THP, a 2 MiB-aligned map is `mmap(MAP_SHARED \| MAP_FIXED)`, `madvise(MADV_HUGEPAGE)`, `madvise(MADV_POPULATE_READ)` ([`huge`]) |
 //! | unmap | `mmap(PROT_NONE, MAP_FIXED \| MAP_NORESERVE)` (the placeholder comes back) |
 //! | protect | `mprotect(2)` |
 //! | alloc (USM) | `memfd_create`, `ftruncate`, `F_ADD_SEALS`, placeholder `mmap`, `mmap(MAP_SHARED \| MAP_FIXED)` |
@@ -32,6 +32,7 @@
 //! map on. A map with access NONE populates nothing (nothing may touch it).
 
 pub(crate) mod engine;
+pub(crate) mod huge;
 pub(crate) mod managed;
 mod managed_ops;
 mod residency;
@@ -59,14 +60,22 @@ use crate::backend::{HalError, Result};
 #[derive(Debug)]
 pub(crate) struct HostBackend {
     devices: Vec<DeviceInfo>,
+    /// The page kinds taken for 2 MiB-and-larger memory ([`huge`]).
+    huge: huge::HugePages,
 }
 
 impl HostBackend {
     /// Makes the backend with `devices` virtual devices of `device_memory` bytes each, whose
     /// largest single allocation is `max_alloc_size` bytes, and raises the open-file limit to
-    /// its hard limit (every physical object is a memfd). The runtime builder validated the
-    /// values (at least one device, non-zero sizes).
-    pub(crate) fn new(devices: u32, device_memory: u64, max_alloc_size: u64) -> HostBackend {
+    /// its hard limit (every physical object is a memfd). `huge_pages`: take 2 MiB pages where
+    /// the machine offers them ([`huge`]). The runtime builder validated the values (at least
+    /// one device, non-zero sizes).
+    pub(crate) fn new(
+        devices: u32,
+        device_memory: u64,
+        max_alloc_size: u64,
+        huge_pages: bool,
+    ) -> HostBackend {
         debug_assert!(devices > 0 && device_memory > 0);
         raise_fd_limit();
         let page = os_page_size();
@@ -78,7 +87,10 @@ impl HostBackend {
                 min_page_size: page,
             })
             .collect();
-        HostBackend { devices }
+        HostBackend {
+            devices,
+            huge: huge::HugePages::probe(huge_pages),
+        }
     }
 }
 
@@ -248,6 +260,10 @@ impl Backend for HostBackend {
         &self.devices
     }
 
+    fn page_kinds(&self) -> Option<String> {
+        Some(self.huge.describe())
+    }
+
     unsafe fn reserve(&self, hint: Option<usize>, size: usize, align: usize) -> Result<usize> {
         // SAFETY: forwarded contract.
         unsafe { reserve_placeholder(hint, size, align) }
@@ -302,17 +318,27 @@ impl Backend for HostBackend {
         } else {
             MapFlags::POPULATE
         };
+        // 2 MiB folios where shmem THP is on and the map can hold one (see [`huge`]).
+        let huge = self.huge.thp_maps()
+            && prot != Protection::None
+            && size >= huge::HUGE
+            && addr.is_multiple_of(huge::HUGE)
+            && phys_offset.is_multiple_of(huge::HUGE);
         // SAFETY: [addr, addr+size) is an unmapped part of one of our reservations, so MAP_FIXED
         // replaces only our own placeholder.
         let r = unsafe {
-            map_shared_fixed(
-                addr,
-                size,
-                prot_flags(prot),
-                populate,
-                fd,
-                phys_offset as u64,
-            )
+            if huge {
+                huge::map_huge(addr, size, prot_flags(prot), fd, phys_offset as u64)
+            } else {
+                map_shared_fixed(
+                    addr,
+                    size,
+                    prot_flags(prot),
+                    populate,
+                    fd,
+                    phys_offset as u64,
+                )
+            }
         };
         match r {
             Ok(_) => Ok(()),
@@ -399,7 +425,10 @@ impl Backend for HostBackend {
                 residency::PAGE
             ));
         }
-        let ops = std::sync::Arc::new(managed::HostManaged::new(&self.devices)?);
+        let ops = std::sync::Arc::new(managed::HostManaged::new(
+            &self.devices,
+            self.huge.hugetlb_managed(),
+        )?);
         Ok(std::sync::Arc::new(residency::HostResidency::start(
             ops, room,
         )?))
@@ -486,7 +515,7 @@ mod tests {
     /// semantics layer turns the refusal into `InvalidArgument` with the reason.
     #[test]
     fn received_fd_must_be_a_memfd_sealed_against_grow_and_shrink_and_large_enough() {
-        let b = HostBackend::new(1, 64 << 20, 32 << 20);
+        let b = HostBackend::new(1, 64 << 20, 32 << 20, false);
         let ok = memfd(
             1 << 16,
             SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL,

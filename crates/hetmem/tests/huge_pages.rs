@@ -1,0 +1,286 @@
+//! 2 MiB pages on the host backend (`backend::host::huge`): physical objects mapped 2 MiB-aligned
+//! land in shmem THP folios (one PMD entry per 2 MiB) where shmem THP is enabled, managed
+//! memory lives on reserved hugetlbfs pages where `vm.nr_hugepages` has free ones, and both
+//! fall back to 4 KiB pages (never failing) where the machine has none or
+//! `host_huge_pages(false)` says so. Everything a program sees is the same either way.
+//!
+//! The tests set the machine's settings they need (`/sys/kernel/mm/transparent_hugepage/
+//! shmem_enabled`, `/proc/sys/vm/nr_hugepages`) for their own duration and put the old values
+//! back when they end (also on a failure); where they cannot write them (not root, a read-only
+//! sysfs) they say so loudly and check only the 4 KiB fallback. One test at a time changes them.
+
+mod common;
+
+use common::{byte, file_not_applicable, stream};
+use hetmem::{AccessAttribute, Location, PhysicalMemoryFlags, Runtime, MANAGED_PAGE_SIZE as PAGE};
+use hetmem_testkit::loud_once;
+
+const SHMEM_THP: &str = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
+const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
+
+/// One test at a time changes the machine's settings.
+static SETTINGS: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
+fn host_only() -> bool {
+    file_not_applicable(
+        "huge pages are the host backend's choice of memory; on cuda the driver maps device \
+         memory in its own pages",
+    )
+}
+
+/// A machine setting changed for a test's duration: the old value comes back on drop.
+struct Setting {
+    path: &'static str,
+    old: String,
+}
+
+impl Setting {
+    /// Writes `value` to `path` and checks it took; `None` (after a loud line naming why) where
+    /// it cannot be written.
+    fn set(path: &'static str, value: &str) -> Option<Setting> {
+        let raw = std::fs::read_to_string(path).ok()?;
+        // A choice file reads `a [b] c`: the old value is the bracketed one.
+        let old = match (raw.find('['), raw.find(']')) {
+            (Some(a), Some(b)) => raw[a + 1..b].to_string(),
+            _ => raw.trim().to_string(),
+        };
+        if let Err(e) = std::fs::write(path, value) {
+            loud_once(format!(
+                "NOT RUN (host) huge_pages: cannot write {value:?} to {path} ({e}); only the \
+                 4 KiB fallback is checked here (run as root to check 2 MiB pages)"
+            ));
+            return None;
+        }
+        Some(Setting { path, old })
+    }
+}
+
+impl Drop for Setting {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::write(self.path, &self.old) {
+            eprintln!(
+                "huge_pages: FAILED to restore {} to {:?}: {e}",
+                self.path, self.old
+            );
+        }
+    }
+}
+
+/// The `/proc/self/smaps` fields of the mapping containing `addr` (kB values by name).
+fn smaps_of(addr: usize) -> std::collections::HashMap<String, u64> {
+    let s = std::fs::read_to_string("/proc/self/smaps").expect("smaps");
+    let mut out = std::collections::HashMap::new();
+    let mut inside = false;
+    for line in s.lines() {
+        let head = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = head.split_once('-') {
+            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                if inside {
+                    break;
+                }
+                inside = a <= addr && addr < b;
+                continue;
+            }
+        }
+        if inside {
+            if let Some((k, v)) = line.split_once(':') {
+                if let Some(n) = v.split_whitespace().next().and_then(|n| n.parse().ok()) {
+                    out.insert(k.to_string(), n);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn runtime(huge: bool) -> Runtime {
+    Runtime::builder()
+        .host_devices(1)
+        .host_device_memory(256 << 20)
+        .host_huge_pages(huge)
+        .build()
+        .expect("runtime")
+}
+
+/// Maps a 4 MiB object at a 2 MiB-aligned address, then its second half again in 64 KiB
+/// pieces elsewhere; checks the bytes agree both ways; returns the PMD-mapped kB of the first
+/// mapping.
+fn map_and_check(rt: &Runtime) -> u64 {
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device(0).unwrap();
+    let size = 4 << 20;
+    let res = ctx.reserve(None, 2 * size).unwrap();
+    let phys = ctx
+        .create_physical_memory(Some(&dev), PhysicalMemoryFlags::AllocateOnDevice, size)
+        .unwrap();
+    assert_eq!(res.base % (2 << 20), 0);
+    ctx.map(res.base, size, phys, 0, AccessAttribute::ReadWrite)
+        .unwrap();
+    for off in (0..size).step_by(4096) {
+        // SAFETY: mapped read-write just above.
+        unsafe { ((res.base + off) as *mut u8).write_volatile((off / 4096) as u8) };
+    }
+    let m = smaps_of(res.base);
+    let pmd = m.get("ShmemPmdMapped").copied().unwrap_or(0)
+        + m.get("FilePmdMapped").copied().unwrap_or(0);
+    // The second half through 64 KiB maps (any base-page piece of an object maps, huge or not).
+    let piece = 64 << 10;
+    for k in 0..(size / 2) / piece {
+        let off = size / 2 + k * piece;
+        ctx.map(
+            res.base + size + k * piece,
+            piece,
+            phys,
+            off,
+            AccessAttribute::ReadWrite,
+        )
+        .unwrap();
+    }
+    for off in (size / 2..size).step_by(4096) {
+        assert_eq!(
+            byte(res.base + size + off - size / 2),
+            (off / 4096) as u8,
+            "+{off:#x}"
+        );
+    }
+    // SAFETY: mapped read-write.
+    unsafe { ((res.base + size) as *mut u8).write_volatile(0xee) };
+    assert_eq!(
+        byte(res.base + size / 2),
+        0xee,
+        "one object seen through both mappings"
+    );
+    ctx.unmap(res.base, size + size / 2).unwrap();
+    ctx.destroy_physical_memory(phys).unwrap();
+    ctx.free_reservation(res).unwrap();
+    pmd
+}
+
+#[test]
+fn physical_objects_map_in_2mib_folios_with_shmem_thp_and_in_4kib_pages_without() {
+    if host_only() {
+        return;
+    }
+    let _one = SETTINGS.lock();
+    // Off: 4 KiB pages whatever the machine offers.
+    assert_eq!(map_and_check(&runtime(false)), 0, "huge pages off");
+    let rt_off = runtime(false);
+    assert!(
+        rt_off
+            .driver()
+            .page_kinds()
+            .unwrap()
+            .contains("HETMEM_HOST_HUGE_PAGES=off"),
+        "{:?}",
+        rt_off.driver().page_kinds()
+    );
+    {
+        let Some(_thp) = Setting::set(SHMEM_THP, "advise") else {
+            return;
+        };
+        let rt = runtime(true);
+        let kinds = rt.driver().page_kinds().unwrap();
+        assert!(kinds.contains("2 MiB shmem THP"), "{kinds}");
+        let pmd = map_and_check(&rt);
+        assert!(
+            pmd >= 2048,
+            "a 2 MiB-aligned map with shmem THP on is PMD-mapped (got {pmd} kB)"
+        );
+    }
+    {
+        // THP off on the machine: 4 KiB pages, the map as before.
+        let Some(_thp) = Setting::set(SHMEM_THP, "never") else {
+            return;
+        };
+        let rt = runtime(true);
+        assert!(rt.driver().page_kinds().unwrap().contains("is never"));
+        assert_eq!(map_and_check(&rt), 0, "shmem THP never");
+    }
+}
+
+/// A managed allocation of `n` pages, filled page by page, moved to device 0 and back by host
+/// faults; returns its smaps `KernelPageSize` (kB) and checks every byte and fault count.
+fn managed_round_trip(rt: &Runtime, n: usize) -> u64 {
+    let ctx = rt.driver().create_context().unwrap();
+    let m = ctx.alloc_managed((n * PAGE) as u64, 1).unwrap();
+    let kernel_page = smaps_of(m)["KernelPageSize"];
+    for i in 0..n {
+        ctx.managed_memset(m + i * PAGE, i as u8 + 1, PAGE).unwrap();
+    }
+    let s = stream(rt, &ctx, 0);
+    for round in 0..2 {
+        ctx.mem_prefetch(m, n * PAGE, Location::Device(0), 0, &s)
+            .unwrap();
+        s.synchronize().unwrap();
+        let before = rt.driver().managed_stats();
+        // Random-ish order on round 1, in order on round 0 (the staging path).
+        for k in 0..n {
+            let i = if round == 0 { k } else { (k * 5 + 3) % n };
+            for off in [0, 4096, PAGE / 2, PAGE - 1] {
+                assert_eq!(byte(m + i * PAGE + off), i as u8 + 1, "page {i} +{off:#x}");
+            }
+        }
+        let after = rt.driver().managed_stats();
+        assert_eq!(
+            after.host_faults - before.host_faults,
+            n as u64,
+            "round {round}"
+        );
+        assert_eq!(after.pages_to_host - before.pages_to_host, n as u64);
+    }
+    // A host write, moved to the device and read back there.
+    // SAFETY: inside the live allocation, host-resident now.
+    unsafe { ((m + PAGE + 7) as *mut u8).write_volatile(0x77) };
+    ctx.mem_prefetch(m, n * PAGE, Location::Device(0), 0, &s)
+        .unwrap();
+    s.synchronize().unwrap();
+    ctx.mem_prefetch(m, n * PAGE, Location::Host, 0, &s)
+        .unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(byte(m + PAGE + 7), 0x77);
+    assert_eq!(byte(m + PAGE + 8), 2);
+    ctx.free_managed(m).unwrap();
+    kernel_page
+}
+
+#[test]
+fn managed_memory_migrates_on_hugetlbfs_pages_while_reserved_ones_are_free() {
+    if host_only() {
+        return;
+    }
+    let _one = SETTINGS.lock();
+    let rt_off = runtime(false);
+    assert_eq!(managed_round_trip(&rt_off, 4), 4, "huge pages off: 4 KiB");
+    let have: u64 = std::fs::read_to_string(NR_HUGEPAGES)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    let Some(_pool) = Setting::set(NR_HUGEPAGES, &(have + 6).to_string()) else {
+        return;
+    };
+    let rt = runtime(true);
+    let kinds = rt.driver().page_kinds().unwrap();
+    assert!(kinds.contains("hugetlbfs"), "{kinds}");
+    assert_eq!(
+        managed_round_trip(&rt, 4),
+        2048,
+        "4 pages on 2 MiB hugetlbfs pages"
+    );
+    // More than are free: 4 KiB pages, never a failure.
+    let (_, free) = {
+        let f = |n: &str| -> u64 {
+            std::fs::read_to_string(format!("/sys/kernel/mm/hugepages/hugepages-2048kB/{n}"))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
+        };
+        (f("nr_hugepages"), f("free_hugepages"))
+    };
+    assert_eq!(
+        managed_round_trip(&rt, free as usize + 1),
+        4,
+        "{} pages with {free} free huge pages fall back to 4 KiB",
+        free + 1
+    );
+}
