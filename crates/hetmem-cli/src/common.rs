@@ -28,9 +28,16 @@ pub fn runtime_from_env(backend: Option<&str>) -> Result<Runtime, String> {
 /// The fixed set-up of a benchmark or a scene: a host-backend runtime with one device of
 /// `bytes` bytes, that device, and a context.
 pub fn one_device(bytes: u64) -> Result<(Runtime, Device, Context), String> {
+    one_device_pages(bytes, true)
+}
+
+/// [`one_device`], with 2 MiB pages where the machine offers them (`huge`) or 4 KiB pages only
+/// (`RuntimeBuilder::host_huge_pages`).
+pub fn one_device_pages(bytes: u64, huge: bool) -> Result<(Runtime, Device, Context), String> {
     let rt = Runtime::builder()
         .host_devices(1)
         .host_device_memory(bytes)
+        .host_huge_pages(huge)
         .build()
         .map_err(e2s)?;
     let dev = rt.driver().device(0).ok_or("no device")?;

@@ -9,6 +9,11 @@
 //! - release: unmap the page and return the object to the pool. Baseline:
 //!   `mmap(PROT_NONE, MAP_FIXED)` over it (the host backend's unmap).
 //!
+//! Every row runs with 4 KiB pages, then (rows marked `2M`, keys ending `_huge`) with 2 MiB
+//! shmem THP folios where shmem THP is enabled: hetmem's map then advises and populates
+//! (`madvise(MADV_HUGEPAGE)`, `madvise(MADV_POPULATE_READ)`), and so do the baselines (the
+//! faulting one advises only), each against its own raw sequence.
+//!
 //! Both sides map contiguous pages of one reservation (a slot growing), objects and memfds are
 //! populated by the warm-up round (a pool's objects have been used before), and the rounds
 //! alternate which side goes first.
@@ -16,7 +21,7 @@
 use std::time::Instant;
 
 use hetmem::{AccessAttribute, PhysicalMemory, PhysicalMemoryFlags, Runtime};
-use rustix::mm::{MapFlags, ProtFlags};
+use rustix::mm::{Advice, MapFlags, ProtFlags};
 
 use super::{e2s, key, median, raw_memfd, raw_release, raw_reserve, size_name, Args, Row, Unit};
 
@@ -33,12 +38,32 @@ unsafe fn first_writes(addr: usize, len: usize, os_page: usize) {
     }
 }
 
+/// Both page kinds: 4 KiB pages (the plain keys), then 2 MiB folios where shmem THP is on.
 pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
+    let mut rows = pass(args, false)?;
+    match super::huge_pages_available(None) {
+        Ok(()) => {
+            for r in pass(args, true)? {
+                rows.push(Row {
+                    op: super::leak(format!("{} 2M", r.op)),
+                    key: format!("{}_huge", r.key),
+                    ..r
+                });
+            }
+        }
+        Err(why) => println!("2 MiB-page rows not run: {why}"),
+    }
+    Ok(rows)
+}
+
+/// One pass with 4 KiB pages or (`huge`) 2 MiB shmem THP folios.
+fn pass(args: &Args, huge: bool) -> Result<Vec<Row>, String> {
     let n = args.iters.max(1);
     let os_page = rustix::param::page_size();
     let rt = Runtime::builder()
         .host_devices(1)
         .host_device_memory(((n * PAGE) as u64).max(64 << 20))
+        .host_huge_pages(huge)
         .build()
         .map_err(e2s)?;
     let dev = rt.driver().device(0).ok_or("no device")?;
@@ -83,7 +108,8 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
         Ok((grow, t.elapsed().as_nanos() as f64 / n as f64))
     };
     let raw_phase = |populate: bool| -> Result<(f64, f64), String> {
-        let extra = if populate {
+        // 2 MiB folios: the advice before any touch, then the populate as hetmem's map does.
+        let extra = if populate && !huge {
             MapFlags::POPULATE
         } else {
             MapFlags::empty()
@@ -102,6 +128,14 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
                     0,
                 )
                 .map_err(|e| e.to_string())?;
+                if huge {
+                    rustix::mm::madvise(addr as *mut _, PAGE, Advice::LinuxHugepage)
+                        .map_err(|e| e.to_string())?;
+                    if populate {
+                        rustix::mm::madvise(addr as *mut _, PAGE, Advice::LinuxPopulateRead)
+                            .map_err(|e| e.to_string())?;
+                    }
+                }
                 first_writes(addr, PAGE, os_page);
             }
         }
@@ -158,7 +192,11 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
             key: key("grow", PAGE),
             hetmem_ns: grow,
             baseline_ns: Some(median(grow_b)),
-            baseline: "mmap(MAP_FIXED) memfd + first writes",
+            baseline: if huge {
+                "mmap(MAP_FIXED) + MADV_HUGEPAGE + first writes"
+            } else {
+                "mmap(MAP_FIXED) memfd + first writes"
+            },
             target: None,
         },
         Row {
@@ -168,7 +206,11 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
             key: key("grow_vs_populate", PAGE),
             hetmem_ns: grow,
             baseline_ns: Some(median(grow_p)),
-            baseline: "mmap(MAP_FIXED|MAP_POPULATE) + writes",
+            baseline: if huge {
+                "mmap + MADV_HUGEPAGE + MADV_POPULATE_READ + writes"
+            } else {
+                "mmap(MAP_FIXED|MAP_POPULATE) + writes"
+            },
             target: Some("<= 1.1x"),
         },
         Row {

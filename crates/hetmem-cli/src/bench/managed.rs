@@ -11,6 +11,10 @@
 //! "streaming page copy" row measures that copy alone against the same `memcpy`, so the share of
 //! the ratios that comes from the copy primitive (rather than from the migration machinery) is
 //! visible.
+//!
+//! Every row is measured with the managed memory on 4 KiB pages, then (rows marked `2M`, keys
+//! ending `_huge`) on 2 MiB hugetlbfs pages where 512 reserved ones are free
+//! (`vm.nr_hugepages`); the memcpy baseline is the same in both.
 
 use std::time::Instant;
 
@@ -124,8 +128,28 @@ fn touch(
     Ok((secs, after.staged_installs - before.staged_installs))
 }
 
+/// Both page kinds: 4 KiB pages (the rows' plain keys), then 2 MiB hugetlbfs pages where
+/// enough reserved ones are free (keys and labels marked `2M`), each against its own memcpy.
 pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
-    let (rt, dev, ctx) = crate::common::one_device(2 * SIZE as u64)?;
+    let mut rows = pass(args, false)?;
+    match super::huge_pages_available(Some((SIZE / PAGE) as u64)) {
+        Ok(()) => {
+            for r in pass(args, true)? {
+                rows.push(Row {
+                    op: super::leak(format!("{} 2M", r.op)),
+                    key: format!("{}_huge", r.key),
+                    ..r
+                });
+            }
+        }
+        Err(why) => println!("2 MiB-page rows not run: {why}"),
+    }
+    Ok(rows)
+}
+
+/// One pass of the group with 4 KiB pages or (`huge`) 2 MiB ones.
+fn pass(args: &Args, huge: bool) -> Result<Vec<Row>, String> {
+    let (rt, dev, ctx) = crate::common::one_device_pages(2 * SIZE as u64, huge)?;
     let s = ctx.create_stream(&dev).map_err(e2s)?;
     let m = ctx.alloc_managed(SIZE as u64, 1).map_err(e2s)?;
     ctx.managed_memset(m, 0x5a, SIZE).map_err(e2s)?;
@@ -191,11 +215,19 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
     ctx.free_managed(m).map_err(e2s)?;
     let st = rt.driver().managed_stats();
     tracing::debug!("managed bench counters: {st:?}");
-    json_extra("fault_sequential_staged_faults", staged_seq as f64);
-    json_extra("fault_random_staged_faults", staged_rand as f64);
+    let kind = if huge { "_huge" } else { "" };
+    json_extra(
+        &format!("fault_sequential_staged_faults{kind}"),
+        staged_seq as f64,
+    );
+    json_extra(
+        &format!("fault_random_staged_faults{kind}"),
+        staged_rand as f64,
+    );
     println!(
-        "faults that found their page staged ahead (last round): in order {staged_seq} of \
-         {pages}, random {staged_rand} of {pages}"
+        "{} pages: faults that found their page staged ahead (last round): in order \
+         {staged_seq} of {pages}, random {staged_rand} of {pages}",
+        if huge { "2 MiB" } else { "4 KiB" }
     );
     let bw = |secs: f64| SIZE as f64 / secs / GIB;
     let [to_dev, seq, rand, to_host, stream] = rows.map(|(h, b)| (bw(median(h)), bw(median(b))));

@@ -85,6 +85,53 @@ pub fn json_extra(key: &str, v: f64) {
 }
 
 /// Every benchmark group `run` knows (the error for an unknown one lists them).
+/// Leaks a row label made at run time (a few per run).
+pub fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
+/// The machine's 2 MiB pages for the rows of both page kinds: `Err` says why a group's 2 MiB
+/// rows cannot run here. `hugetlb_pages`: reserved 2 MiB pages the group needs free
+/// (managed memory); else shmem THP must be enabled for 2 MiB (physical objects).
+pub fn huge_pages_available(hugetlb_pages: Option<u64>) -> Result<(), String> {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    match hugetlb_pages {
+        Some(need) => {
+            let free: u64 = read("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
+                .trim()
+                .parse()
+                .unwrap_or(0);
+            if free >= need {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{free} reserved 2 MiB pages are free, the group needs {need}                      (vm.nr_hugepages; as root: sysctl vm.nr_hugepages={})",
+                    need + 16
+                ))
+            }
+        }
+        None => {
+            let sel = |s: String| {
+                let (a, b) = (s.find('[')?, s.find(']')?);
+                Some(s[a + 1..b].to_string())
+            };
+            let thp = "/sys/kernel/mm/transparent_hugepage";
+            let mode = match sel(read(&format!("{thp}/hugepages-2048kB/shmem_enabled"))) {
+                Some(m) if m != "inherit" => Some(m),
+                _ => sel(read(&format!("{thp}/shmem_enabled"))),
+            }
+            .unwrap_or_else(|| "unknown".into());
+            if matches!(mode.as_str(), "always" | "within_size" | "advise" | "force") {
+                Ok(())
+            } else {
+                Err(format!(
+                    "shmem THP for 2 MiB is {mode} (as root: echo advise >                      {thp}/shmem_enabled)"
+                ))
+            }
+        }
+    }
+}
+
 pub const GROUPS: [&str; 8] = ["vmm", "usm", "ipc", "managed", "kv", "ze", "acl", "cuda"];
 
 pub fn run(args: Args) -> Result<(), String> {

@@ -13,7 +13,7 @@ use super::{
 };
 
 pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
-    let (_rt, dev, ctx) = crate::common::one_device(8 << 30)?;
+    let (_rt, dev, ctx) = crate::common::one_device_pages(8 << 30, false)?;
     let n = args.iters;
     let mut rows = Vec::new();
     let small = ctx.query_page_size(&dev, 1).map_err(e2s)?;
@@ -21,8 +21,22 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
     for page in [small, large] {
         rows.push(reserve_free(&ctx, args, page)?);
         rows.push(create_destroy(&ctx, &dev, args, page)?);
-        rows.extend(map_unmap(&ctx, &dev, args, page)?);
+        rows.extend(map_unmap(&ctx, &dev, args, page, false)?);
         rows.push(set_access(&ctx, &dev, args, page)?);
+    }
+    // Map and unmap of 2 MiB pages in 2 MiB shmem THP folios, against the same raw sequence.
+    match super::huge_pages_available(None) {
+        Ok(()) => {
+            let (_rt2, dev2, ctx2) = crate::common::one_device_pages(8 << 30, true)?;
+            for r in map_unmap(&ctx2, &dev2, args, large, true)? {
+                rows.push(Row {
+                    op: leak(format!("{} 2M", r.op)),
+                    key: format!("{}_huge", r.key),
+                    ..r
+                });
+            }
+        }
+        Err(why) => println!("2 MiB-page rows not run: {why}"),
     }
     rows.push(get_access_live(&ctx, &dev, args.live_mappings, n)?);
     rows.extend(multi_thread(&ctx, &dev, args)?);
@@ -98,8 +112,16 @@ fn create_destroy(ctx: &Context, dev: &Device, args: &Args, page: usize) -> Resu
     })
 }
 
-/// Map `n` pages at distinct addresses, then unmap them, timed separately.
-fn map_unmap(ctx: &Context, dev: &Device, args: &Args, page: usize) -> Result<Vec<Row>, String> {
+/// Map `n` pages at distinct addresses, then unmap them, timed separately. `huge`: the runtime
+/// takes 2 MiB shmem THP folios, and the raw sequence advises and populates as its map does
+/// (`mmap`, `madvise(MADV_HUGEPAGE)`, `madvise(MADV_POPULATE_READ)`).
+fn map_unmap(
+    ctx: &Context,
+    dev: &Device,
+    args: &Args,
+    page: usize,
+    huge: bool,
+) -> Result<Vec<Row>, String> {
     let n = args.iters;
     // Every other page is left unmapped so that neither side gets merged VMAs.
     let span = 2 * n * page;
@@ -142,11 +164,22 @@ fn map_unmap(ctx: &Context, dev: &Device, args: &Args, page: usize) -> Result<Ve
                     page,
                     ProtFlags::READ | ProtFlags::WRITE,
                     // The host backend's map populates the page table (MAP_POPULATE).
-                    MapFlags::SHARED | MapFlags::FIXED | MapFlags::POPULATE,
+                    if huge {
+                        MapFlags::SHARED | MapFlags::FIXED
+                    } else {
+                        MapFlags::SHARED | MapFlags::FIXED | MapFlags::POPULATE
+                    },
                     &fd,
                     0,
                 )
                 .map_err(|e| e.to_string())?;
+                if huge {
+                    let a = (raw_base + 2 * i * page) as *mut _;
+                    rustix::mm::madvise(a, page, rustix::mm::Advice::LinuxHugepage)
+                        .map_err(|e| e.to_string())?;
+                    rustix::mm::madvise(a, page, rustix::mm::Advice::LinuxPopulateRead)
+                        .map_err(|e| e.to_string())?;
+                }
             }
         }
         let m = t.elapsed().as_nanos() as f64 / n as f64;
@@ -192,7 +225,11 @@ fn map_unmap(ctx: &Context, dev: &Device, args: &Args, page: usize) -> Result<Ve
             key: key("map", page),
             hetmem_ns: median(map_h),
             baseline_ns: Some(median(map_b)),
-            baseline: "mmap(SHARED|FIXED|POPULATE, memfd)",
+            baseline: if huge {
+                "mmap(SHARED|FIXED) + MADV_HUGEPAGE + MADV_POPULATE_READ"
+            } else {
+                "mmap(SHARED|FIXED|POPULATE, memfd)"
+            },
             target: (page == 2 << 20).then_some("<= 1.3x"),
         },
         Row {
@@ -517,6 +554,4 @@ fn multi_thread(ctx: &Context, dev: &Device, args: &Args) -> Result<Vec<Row>, St
 }
 
 /// A row name made at run time (the table holds `&'static str`; a handful per run).
-fn leak(s: String) -> &'static str {
-    Box::leak(s.into_boxed_str())
-}
+use super::leak;
