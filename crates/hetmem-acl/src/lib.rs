@@ -97,8 +97,12 @@ pub(crate) fn null(what: &str) -> Fail {
 }
 
 thread_local! {
-    /// The message of the last failed call on this thread, NUL-terminated.
-    static LAST_MSG: RefCell<CString> = RefCell::new(CString::default());
+    /// The message of the last failed call on this thread not yet read by
+    /// [`aclGetRecentErrMsg`], NUL-terminated.
+    static LAST_MSG: RefCell<Option<CString>> = const { RefCell::new(None) };
+    /// The message [`aclGetRecentErrMsg`] handed out last (its pointer stays valid until that
+    /// call hands out another).
+    static HANDED_MSG: RefCell<CString> = RefCell::new(CString::default());
     /// The code of the last failed call on this thread (`aclrtGetLastError`).
     static LAST_ERR: std::cell::Cell<AclError> = const { std::cell::Cell::new(0) };
 }
@@ -106,7 +110,7 @@ thread_local! {
 fn record(name: &str, f: &Fail) {
     let text = format!("{name}: {} (error {})", f.msg, f.code);
     let c = CString::new(text.replace('\0', " ")).unwrap_or_default();
-    LAST_MSG.with(|m| *m.borrow_mut() = c);
+    LAST_MSG.with(|m| *m.borrow_mut() = Some(c));
     LAST_ERR.with(|e| e.set(f.code));
 }
 
@@ -146,11 +150,20 @@ pub(crate) unsafe fn out<T>(p: *mut T, v: T) {
 }
 
 /// `aclGetRecentErrMsg`: the message of the last failed call on the calling thread, naming the
-/// bad value (`""` if no call has failed on this thread). The pointer stays valid until the
-/// next failing call on this thread. Never fails; may be called before `aclInit`.
+/// bad value, **read once** (CANN documents the call as get-and-clear): the call takes the
+/// message, so a second call with no failure in between answers `""` (never NULL, so a caller
+/// may pass the answer to `strstr` / `printf` as it is). The pointer stays valid until a later
+/// call on this thread hands out another message. Never fails; may be called before `aclInit`.
 #[no_mangle]
 pub extern "C" fn aclGetRecentErrMsg() -> *const libc::c_char {
-    catch_unwind(|| LAST_MSG.with(|m| m.borrow().as_ptr())).unwrap_or(c"".as_ptr())
+    catch_unwind(|| match LAST_MSG.with(|m| m.borrow_mut().take()) {
+        Some(msg) => HANDED_MSG.with(|h| {
+            *h.borrow_mut() = msg;
+            h.borrow().as_ptr()
+        }),
+        None => c"".as_ptr(),
+    })
+    .unwrap_or(c"".as_ptr())
 }
 
 /// `aclrtGetLastError(ACL_RT_THREAD_LEVEL)`: the code of the last failed call on the calling

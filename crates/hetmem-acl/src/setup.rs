@@ -207,18 +207,29 @@ pub extern "C" fn aclrtSetDevice(device_id: i32) -> AclError {
 /// that `aclrtSetDevice` has not been called for (or was reset as many times).
 #[no_mangle]
 pub extern "C" fn aclrtResetDevice(device_id: i32) -> AclError {
-    entry("aclrtResetDevice", || {
+    entry("aclrtResetDevice", || reset_device(device_id, false))
+}
+
+/// `aclrtResetDevice` (`force` false: one `aclrtSetDevice` undone) and `aclrtResetDeviceForce`
+/// (`force` true: the count drops to 0 at once, CANN's rule).
+pub(crate) fn reset_device(device_id: i32, force: bool) -> Res {
+    {
         let g = state::fast_global()?;
         let ord = g.device(device_id as i64)?.ordinal();
         let mut reg = g.reg.lock();
         let Some((h, n)) = reg.defaults.get_mut(&ord) else {
             return Err(hetmem::Error::InvalidArgument(format!(
                 "device {device_id} has no default context to reset (aclrtSetDevice was not \
-                 called for it, or it was reset as many times)"
+                 called for it, or it was reset as many times{})",
+                if force {
+                    ", or aclrtResetDeviceForce already reset it"
+                } else {
+                    ""
+                }
             ))
             .into());
         };
-        *n -= 1;
+        *n = if force { 0 } else { *n - 1 };
         if *n > 0 {
             return Ok(());
         }
@@ -231,7 +242,7 @@ pub extern "C" fn aclrtResetDevice(device_id: i32) -> AclError {
         }
         teardown(removed);
         Ok(())
-    })
+    }
 }
 
 /// Moves context `h` and everything made in it out of `reg` (to be torn down outside the lock).
@@ -382,7 +393,7 @@ pub extern "C" fn aclrtSetCurrentContext(context: *mut libc::c_void) -> AclError
 /// `aclrtGetCurrentContext`: the calling thread's current context.
 ///
 /// Errors: `ACL_ERROR_INVALID_PARAM` (100000) for a null pointer; `ACL_ERROR_RT_CONTEXT_NULL`
-/// (107002) without one.
+/// (107002) without one (none set yet, or its device reset), with `*context` set to NULL.
 #[no_mangle]
 pub unsafe extern "C" fn aclrtGetCurrentContext(context: *mut *mut libc::c_void) -> AclError {
     entry("aclrtGetCurrentContext", || {
@@ -390,7 +401,12 @@ pub unsafe extern "C" fn aclrtGetCurrentContext(context: *mut *mut libc::c_void)
         if context.is_null() {
             return Err(null("context"));
         }
-        let c = g.current()?;
+        let c = g.current().inspect_err(|_| {
+            // The documented error with `*context` NULL: a caller testing `!ctx` afterwards
+            // reads no garbage.
+            // SAFETY: non-null out-pointer.
+            unsafe { out(context, std::ptr::null_mut()) };
+        })?;
         // SAFETY: non-null out-pointer.
         unsafe { out(context, c.handle as *mut libc::c_void) };
         Ok(())

@@ -102,6 +102,18 @@ impl AclStream {
         Ok(())
     }
 
+    /// Discards the stream's queued work that has not started (`aclrtDestroyStreamForce`):
+    /// the stream steps are dropped unrun ([`hetmem::Stream::discard_queued`]), releasing
+    /// what they held; a plain-memory copy or fill waiting on its list for a discarded step is
+    /// skipped when the list is dropped with the stream (the list abandons a wait that can no
+    /// longer be satisfied). Without managed memory (a stream that is its list alone) queued
+    /// work cannot be told apart from work the device has and runs to its end.
+    pub fn discard_queued(&self) {
+        if let Engine::Managed { stream, .. } = &self.engine {
+            stream.discard_queued();
+        }
+    }
+
     /// Runs `op` on an immediate list in stream order (see the module docs): `op` appends to
     /// the list with the wait and signal events it is given.
     fn plain(

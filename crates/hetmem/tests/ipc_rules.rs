@@ -793,6 +793,99 @@ fn usm_allocations_freed_while_exported_count_against_the_device_until_the_last_
     assert_eq!(dev.used_memory(), 0);
 }
 
+// Case 3 of `shared/cases/acl.md`: memory imported in the same process counts against its
+// device while the import lives (the original destroyed, its export put), through
+// `Context::import_physical_memory` (ACL's `aclrtMemImportFromShareableHandle`) and through
+// `Context::open_ipc_handle` (Level Zero's `zeMemOpenIpcHandle`).
+
+/// 200 times on a 64 MiB device: 2 MiB physical object, exported, imported here (`view`:
+/// opened as a view instead), the export put and the object destroyed, the import kept. Once
+/// 64 MiB is held creation fails with `OUT_OF_DEVICE_MEMORY` and `used` always counts what the
+/// imports hold; each import closed or destroyed gives back its 2 MiB.
+fn import_destroy_original_200_times(view: bool) {
+    let _g = shared();
+    let rt = runtime_64m();
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device(0).unwrap();
+    let mut imports = Vec::new();
+    let mut views = Vec::new();
+    for i in 0..200 {
+        match ctx.create_physical_memory(Some(&dev), PhysicalMemoryFlags::AllocateOnDevice, M2) {
+            Ok(o) => {
+                let h = ctx.get_physical_memory_ipc_handle(o, None).unwrap();
+                if view {
+                    views.push(ctx.open_ipc_handle(&h, 0).unwrap());
+                } else {
+                    imports.push(ctx.import_physical_memory(&h, &dev).unwrap());
+                }
+                ctx.put_ipc_handle(&h).unwrap();
+                ctx.destroy_physical_memory(o).unwrap();
+            }
+            Err(e) => {
+                assert_eq!(e.ze_result(), OUT_OF_DEVICE_MEMORY, "creation {i}: {e}");
+                assert_eq!(
+                    imports.len() + views.len(),
+                    32,
+                    "creation {i} failed with room left"
+                );
+            }
+        }
+        let held = imports.len() + views.len();
+        assert_eq!(
+            dev.used_memory(),
+            (held * M2) as u64,
+            "after creation {i}, {held} imports hold {} MiB",
+            held * 2
+        );
+        assert_eq!(dev.free_memory().unwrap(), (64 << 20) - (held * M2) as u64);
+    }
+    assert_eq!(imports.len() + views.len(), 32);
+    let n = 32;
+    for (i, p) in imports.into_iter().enumerate() {
+        ctx.destroy_physical_memory(p).unwrap();
+        assert_eq!(
+            dev.used_memory(),
+            ((n - i - 1) * M2) as u64,
+            "after destroy {i}"
+        );
+    }
+    for (i, v) in views.into_iter().enumerate() {
+        ctx.close_ipc_handle(v).unwrap();
+        assert_eq!(
+            dev.used_memory(),
+            ((n - i - 1) * M2) as u64,
+            "after close {i}"
+        );
+    }
+    assert_eq!(dev.used_memory(), 0);
+}
+
+#[test]
+fn physical_memory_imported_here_counts_against_the_device_until_the_last_import_goes() {
+    if common::not_applicable_on(
+        hetmem::BackendKind::Cuda,
+        "fills a host device of 64 MiB with 32 imported objects and expects OUT_OF_DEVICE_MEMORY; \
+         a GPU's room is its free memory (tens of GiB), which is not exhausted here",
+    ) || common::skip()
+    {
+        return;
+    }
+    import_destroy_original_200_times(false);
+}
+
+#[test]
+fn physical_memory_opened_here_as_a_view_counts_against_the_device_until_the_last_close() {
+    if common::not_applicable_on(
+        hetmem::BackendKind::Cuda,
+        "fills a host device of 64 MiB with 32 opened objects and expects OUT_OF_DEVICE_MEMORY; \
+         a GPU's room is its free memory (tens of GiB), which is not exhausted here",
+    ) || common::skip()
+    {
+        return;
+    }
+    import_destroy_original_200_times(true);
+}
+
 #[test]
 fn capacity_of_memory_exported_twice_and_opened_here_comes_back_with_the_last_put_or_close() {
     if common::skip() {

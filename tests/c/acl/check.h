@@ -61,8 +61,9 @@
 /* The last failure's message mentions `needle` (messages name the bad value). */
 #define MSG_HAS(needle)                                                                    \
     do {                                                                                   \
-        if (!strstr(aclGetRecentErrMsg(), (needle)))                                       \
-            FAILF("message does not mention \"%s\"", (needle));                            \
+        const char *m_ = aclGetRecentErrMsg(); /* read once: this takes the message */     \
+        if (m_ == NULL || !strstr(m_, (needle)))                                           \
+            FAILF("message \"%s\" does not mention \"%s\"", m_ ? m_ : "(null)", (needle)); \
     } while (0)
 
 #define MIB (1024UL * 1024UL)

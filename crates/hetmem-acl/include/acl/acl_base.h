@@ -41,8 +41,9 @@ static const int ACL_ERROR_INVALID_FILE = 100003;
 #define ACL_ERROR_RT_INTERNAL_ERROR 507000
 #define ACL_ERROR_RT_DRV_INTERNAL_ERROR 507899
 
-/* The message of the last failed call on the calling thread (names the bad value); "" if
- * none. Valid until the next failing call on this thread. */
+/* The message of the last failed call on the calling thread (names the bad value), read once
+ * (get and clear): a second call with no failure in between returns "" (never NULL). The
+ * string stays valid until a later call on this thread returns another message. */
 ACL_FUNC_VISIBILITY const char *aclGetRecentErrMsg(void);
 
 #ifdef __cplusplus

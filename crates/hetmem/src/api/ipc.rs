@@ -151,8 +151,11 @@ impl Context {
     /// address space and released with [`Context::destroy_physical_memory`] (ACL's
     /// `aclrtMemImportFromShareableHandle`, CUDA's `cuMemImportFromShareableHandle`; Level
     /// Zero has no such call). The object is `handle.size()` bytes, on `device` if the exported
-    /// memory was device memory (else host memory), and is charged to no capacity (the
-    /// exporter's object is). It stays valid, and so do its mappings, after the exporter
+    /// memory was device memory (else host memory). An import of this process's own memory
+    /// holds that memory's device charge, so it counts against the device until the last
+    /// import and export of it are gone, after the original is destroyed; an import of
+    /// another process's memory is charged to no capacity here (the exporter's process
+    /// counts it). It stays valid, and so do its mappings, after the exporter
     /// destroys its object or exits. Transports as [`Context::open_ipc_handle`] (the exporter
     /// must be alive unless the handle's fd is valid here).
     ///

@@ -31,6 +31,14 @@ impl Stream {
         &self.device
     }
 
+    /// Discards the work queued on the stream that has not started (`aclrtDestroyStreamForce`:
+    /// "discard all tasks"): each queued copy, fill or launch is dropped unrun and releases
+    /// the memory it held (its managed holds and in-flight references); work already running
+    /// finishes. Work submitted after the call runs as usual. Never fails.
+    pub fn discard_queued(&self) {
+        self.inner.discard_queued();
+    }
+
     /// Waits for everything submitted before (`aclrtSynchronizeStream`).
     ///
     /// Errors: the first error of the work since the last synchronize (e.g. `OutOfDeviceMemory`

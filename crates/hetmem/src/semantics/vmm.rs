@@ -170,8 +170,9 @@ pub(crate) struct PhysicalRec {
     /// IPC handle types chained at creation (`ze_ipc_mem_handle_type_ext_desc_t`), if any;
     /// set by [`crate::ipc`] and gone with the record.
     pub(crate) ipc_types: Option<crate::spec::IpcHandleTypes>,
-    /// Imported from another export ([`VmState::insert_imported`]): charged to no capacity
-    /// (the exporter's object is).
+    /// Imported from an export ([`VmState::insert_imported`]): it holds the exported
+    /// object's charge when that object is this process's own (else nothing: the exporter's
+    /// process counts it), never a charge of its own.
     pub(crate) imported: bool,
 }
 
@@ -458,14 +459,18 @@ impl VmState {
     }
 
     /// Records `raw`, imported from an IPC export of a physical object (of this or another
-    /// process), as a physical object of `context`: mappable and destroyable like any other,
-    /// charged to no capacity (the exporter's object is).
+    /// process), as a physical object of `context`: mappable and destroyable like any other.
+    /// `charge` is the exported object's device charge when the export is this process's own
+    /// (`crate::semantics::capacity`): the import holds it, so memory that is alive through an
+    /// import in this process counts against its device until the last import (and export)
+    /// of it goes; an import of another process's memory holds none (that process counts it).
     pub(crate) fn insert_imported(
         &mut self,
         raw: RawPhysical,
         context: u64,
         location: PhysicalLocation,
         size: usize,
+        charge: Option<Arc<Charge>>,
     ) -> PhysicalMemory {
         let id = self.devmem.next_id();
         self.physical.insert(
@@ -476,7 +481,7 @@ impl VmState {
                 location,
                 context,
                 mapped: 0,
-                charge: None,
+                charge,
                 ipc_types: None,
                 imported: true,
             },
@@ -509,7 +514,8 @@ impl VmState {
         }
         let p = self.physical.remove(&id).expect("checked");
         // Device capacity comes back with the record's charge, unless an IPC export or view
-        // still holds it (`crate::semantics::capacity`); an imported object holds none.
+        // still holds it (`crate::semantics::capacity`); an imported object gives back only
+        // the exported object's charge it held, if that was the last holder.
         if p.location == PhysicalLocation::Host && !p.imported {
             self.host_used -= p.size as u64;
         }

@@ -342,7 +342,9 @@ pub(crate) fn open(
 /// `Context::import_physical_memory` in context `context` of driver `d`: the physical object a
 /// physical-object handle shares, as a physical object of this context on device `device`
 /// (given as its driver and ordinal) if the exported memory was device memory, else host
-/// memory; charged to no capacity (the exporter's object is).
+/// memory. An import of this process's own memory holds that memory's device charge, so it
+/// counts against the device until the last import and export of it are gone (cases/acl.md
+/// case 3); an import of another process's memory is charged to no capacity here.
 ///
 /// Errors: `InvalidNullHandle` for a device of another driver; `InvalidArgument` for bytes
 /// that are not a handle, a handle of an allocation or a range, a handle that was put, a wrong
@@ -388,7 +390,12 @@ pub(crate) fn import_physical(
         MemoryType::Device => PhysicalLocation::Device(device.1),
         _ => PhysicalLocation::Host,
     };
-    let phys = d.vm.write().insert_imported(raw, context, location, size);
+    // This process's own memory: the import holds its charge (`crate::semantics::capacity`).
+    let charge = m.capacity.first().cloned();
+    let phys = d
+        .vm
+        .write()
+        .insert_imported(raw, context, location, size, charge);
     Ok(phys)
 }
 

@@ -89,6 +89,13 @@ impl ManagedStream {
         }));
     }
 
+    /// `aclrtDestroyStreamForce`'s discard: the work queued and not started is dropped unrun,
+    /// releasing its managed holds and in-flight references
+    /// ([`Submitter::discard_queued_host`]); work already running finishes.
+    pub(crate) fn discard_queued(&self) {
+        self.sub.discard_queued_host();
+    }
+
     /// `aclrtSynchronizeStream`: waits for everything submitted before; the first error of the
     /// work since the last synchronize (the stream stays usable).
     pub(crate) fn synchronize(&self) -> Result<()> {

@@ -28,6 +28,9 @@ pub(crate) struct Progress {
 pub(crate) struct Submitter {
     pub(crate) driver: Arc<DriverShared>,
     pub(crate) progress: Arc<Progress>,
+    /// Host functions ([`Submitter::submit_host`]) numbered up to this batch count are
+    /// discarded when the engine reaches them ([`Submitter::discard_queued_host`]).
+    pub(crate) discard_through: Arc<std::sync::atomic::AtomicU64>,
     // Dropped last: joins the engine thread after the rest is gone.
     pub(crate) engine: Box<dyn Engine>,
 }
@@ -38,6 +41,7 @@ impl Submitter {
         Ok(Submitter {
             driver,
             progress: Arc::default(),
+            discard_through: Arc::default(),
             engine,
         })
     }
@@ -67,18 +71,38 @@ impl Submitter {
 
     /// Queues a host function after everything submitted before, counted as one batch (for
     /// stream-ordered managed-memory work, [`crate::managed::Stream`]).
+    /// A host function discarded before it runs ([`Submitter::discard_queued_host`]) is
+    /// dropped unrun, so what it holds (the memory it references) is released.
     pub(crate) fn submit_host(&self, f: Box<dyn FnOnce() + Send>) {
         let progress = self.progress.clone();
+        let mut counts = self.progress.counts.lock();
+        counts.0 += 1;
+        let ticket = counts.0;
+        let discard = self.discard_through.clone();
         let ops = vec![
-            EngineOp::Host(f),
+            EngineOp::Host(Box::new(move || {
+                if ticket > discard.load(std::sync::atomic::Ordering::Acquire) {
+                    f();
+                }
+            })),
             EngineOp::Host(Box::new(move || {
                 progress.counts.lock().1 += 1;
                 progress.cv.notify_all();
             })),
         ];
-        self.progress.counts.lock().0 += 1;
+        drop(counts);
         // SAFETY: no memory operation; host functions only.
         unsafe { self.engine.submit(ops) };
+    }
+
+    /// Discards every host function submitted so far that has not started (ACL's
+    /// `aclrtDestroyStreamForce`: "discard all tasks"): each is dropped unrun when the engine
+    /// reaches it, releasing what it holds; one already running finishes. Memory operations
+    /// ([`Submitter::submit`]) are never discarded.
+    pub(crate) fn discard_queued_host(&self) {
+        let through = self.progress.counts.lock().0;
+        self.discard_through
+            .fetch_max(through, std::sync::atomic::Ordering::AcqRel);
     }
 
     /// Waits for every batch submitted before the call.
@@ -178,6 +202,7 @@ mod tests {
         let sub = Submitter {
             driver: rt.driver().shared.clone(),
             progress: Arc::default(),
+            discard_through: Arc::default(),
             engine: Box::new(Failing(parking_lot::Mutex::new(None))),
         };
         assert_eq!(sub.synchronize(u64::MAX).unwrap(), SyncStatus::Ready);
