@@ -31,11 +31,15 @@ use std::cell::RefCell;
 use std::ffi::CString;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+pub mod access;
+pub mod family;
+pub mod ipc;
 pub mod managed;
 pub mod memory;
 pub mod setup;
 pub mod state;
 pub mod stream;
+pub mod unsupported;
 pub mod vmm;
 
 /// `aclError`.

@@ -83,6 +83,11 @@ pub(crate) fn teardown(mut reg: Registry) {
     for c in reg.contexts.values() {
         c.alive.store(false, std::sync::atomic::Ordering::Release);
     }
+    let handles: Vec<usize> = reg.contexts.keys().copied().collect();
+    crate::ipc::forget_contexts(Some(&handles));
+    for h in reg.phys.keys() {
+        crate::access::forget(*h);
+    }
     for (_, s) in reg.streams.drain() {
         let _ = s.synchronize();
     }

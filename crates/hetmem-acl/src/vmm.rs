@@ -57,6 +57,21 @@ pub struct AclPhysicalMemProp {
     pub reserve: u64,
 }
 
+impl AclPhysicalMemProp {
+    /// The properties an imported handle reports: DEVICE `device`, handle type NONE, PINNED,
+    /// `ACL_HBM_MEM_HUGE` (4).
+    pub fn imported(device: u32) -> AclPhysicalMemProp {
+        AclPhysicalMemProp {
+            handle_type: 0,
+            allocation_type: 0,
+            mem_attr: 4,
+            location_id: device,
+            location_type: 1,
+            reserve: 0,
+        }
+    }
+}
+
 /// `ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION`.
 pub const EXPORT_FLAG_DISABLE_PID_VALIDATION: u64 =
     hetmem::spec::ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION;
@@ -114,7 +129,7 @@ extern "C" fn remove_files_at_exit() {
     });
 }
 
-fn track_file(path: &std::path::Path) {
+pub(crate) fn track_file(path: &std::path::Path) {
     static REGISTERED: std::sync::Once = std::sync::Once::new();
     REGISTERED.call_once(|| {
         // SAFETY: registers a plain extern "C" function with no arguments.
@@ -129,7 +144,7 @@ impl Drop for Phys {
     }
 }
 
-fn share_dir() -> PathBuf {
+pub(crate) fn share_dir() -> PathBuf {
     let shm = PathBuf::from("/dev/shm");
     if shm.is_dir() {
         shm
@@ -146,7 +161,12 @@ fn share_path(shareable: u64) -> PathBuf {
     ))
 }
 
-fn write_share_file(path: &PathBuf, flags: u64, h: &hetmem::IpcHandle, pids: &[i32]) -> Res {
+pub(crate) fn write_share_file(
+    path: &PathBuf,
+    flags: u64,
+    h: &hetmem::IpcHandle,
+    pids: &[i32],
+) -> Res {
     let mut b = Vec::with_capacity(8 + 8 + 64 + 4 + 4 * pids.len());
     b.extend_from_slice(FILE_MAGIC);
     b.extend_from_slice(&flags.to_le_bytes());
@@ -185,12 +205,20 @@ fn write_share_file(path: &PathBuf, flags: u64, h: &hetmem::IpcHandle, pids: &[i
 
 /// `(flags, handle, pids)` of a shareable handle's file.
 fn read_share_file(shareable: u64) -> Res<(u64, hetmem::IpcHandle, Vec<i32>)> {
-    let path = share_path(shareable);
+    read_share_path(
+        &share_path(shareable),
+        &format!("shareable handle {shareable:#x}"),
+    )
+}
+
+/// `(flags, handle, pids)` of the file at `path` (written by [`write_share_file`]), for the
+/// import of `what`.
+pub(crate) fn read_share_path(
+    path: &PathBuf,
+    what: &str,
+) -> Res<(u64, hetmem::IpcHandle, Vec<i32>)> {
     let bad = |why: String| -> Fail {
-        hetmem::Error::InvalidArgument(format!(
-            "shareable handle {shareable:#x} cannot be imported: {why}"
-        ))
-        .into()
+        hetmem::Error::InvalidArgument(format!("{what} cannot be imported: {why}")).into()
     };
     // Never through a link, and only a file of our own user (the IPC broker serves our uid only).
     let read = || -> std::io::Result<Vec<u8>> {
@@ -403,6 +431,7 @@ pub unsafe extern "C" fn aclrtMallocPhysical(
             )?,
         };
         let h = register(&g, c, mem);
+        crate::access::remember_prop(h, p);
         // SAFETY: non-null out-pointer.
         unsafe { out(handle, h as *mut libc::c_void) };
         Ok(())
@@ -434,7 +463,11 @@ pub extern "C" fn aclrtFreePhysical(handle: *mut libc::c_void) -> AclError {
         let g = state::fast_global()?;
         let h = handle as usize;
         let p = g.phys(h)?;
+        if crate::access::release_retain(h) {
+            return Ok(()); // a retain of aclrtMemRetainAllocationHandle given back
+        }
         p.ctx.ctx.destroy_physical_memory(p.mem)?;
+        crate::access::forget(h);
         let mut reg = g.reg.lock();
         reg.phys.remove(&h);
         reg.shareable.retain(|_, v| *v != h);
@@ -461,6 +494,27 @@ pub extern "C" fn aclrtMapMem(
     flags: u64,
 ) -> AclError {
     entry("aclrtMapMem", || {
+        map_mem(
+            vir_ptr,
+            size,
+            offset,
+            handle,
+            flags,
+            hetmem::AccessAttribute::ReadWrite,
+        )
+    })
+}
+
+/// `aclrtMapMem` (`access` ReadWrite) and `aclrtMemMapNoAccess` (None).
+pub(crate) fn map_mem(
+    vir_ptr: *mut libc::c_void,
+    size: usize,
+    offset: usize,
+    handle: *mut libc::c_void,
+    flags: u64,
+    access: hetmem::AccessAttribute,
+) -> Res {
+    {
         let g = state::fast_global()?;
         if vir_ptr.is_null() {
             return Err(null("virPtr"));
@@ -477,13 +531,11 @@ pub extern "C" fn aclrtMapMem(
             .ok_or_else(|| state::bad_handle("physical memory handle", h))?;
         let gran = p.ctx.ctx.acl_granularity(&p.ctx.dev)?;
         hetmem::acl::check_vmm_size(size, gran)?;
-        p.ctx
-            .ctx
-            .map(va, size, p.mem, offset, hetmem::AccessAttribute::ReadWrite)?;
+        p.ctx.ctx.map(va, size, p.mem, offset, access)?;
         let ctx = p.ctx.clone();
         reg.mappings.insert(va, (size, ctx));
         Ok(())
-    })
+    }
 }
 
 /// `aclrtUnmapMem`: unmaps the mapping `aclrtMapMem` made at `virPtr` (the pages stay
@@ -640,6 +692,7 @@ pub unsafe extern "C" fn aclrtMemImportFromShareableHandle(
         }
         let mem = c.ctx.import_physical_memory(&h, &dev)?;
         let ph = register(&g, c, mem);
+        crate::access::remember_prop(ph, AclPhysicalMemProp::imported(device_id as u32));
         // SAFETY: non-null out-pointer.
         unsafe { out(handle, ph as *mut libc::c_void) };
         Ok(())

@@ -251,6 +251,76 @@ ACL_FUNC_VISIBILITY aclError aclrtMemImportFromShareableHandle(uint64_t shareabl
                                                                int32_t deviceId,
                                                                aclrtDrvMemHandle *handle);
 
+/* ---- IPC of device memory by key (acl/ipc.rs of the library) ---- */
+#define ACL_RT_IPC_MEM_EXPORT_FLAG_DEFAULT 0x0UL
+#define ACL_RT_IPC_MEM_EXPORT_FLAG_DISABLE_PID_VALIDATION 0x1UL
+#define ACL_RT_IPC_MEM_IMPORT_FLAG_DEFAULT 0x0UL
+#define ACL_RT_IPC_MEM_IMPORT_FLAG_ENABLE_PEER_ACCESS 0x1UL
+
+/* The process id importers are whitelisted by (getpid()); may be called before aclInit. */
+ACL_FUNC_VISIBILITY aclError aclrtDeviceGetBareTgid(int32_t *pid);
+/* Exports the aclrtMalloc allocation at devPtr (size <= its size; the whole allocation is
+ * shared): writes a NUL-terminated key of at most 32 bytes to key[len]. */
+ACL_FUNC_VISIBILITY aclError aclrtIpcMemGetExportKey(void *devPtr, size_t size, char *key,
+                                                     size_t len, uint64_t flags);
+/* The pids that may import key (replaces the list); unless exported with
+ * ACL_RT_IPC_MEM_EXPORT_FLAG_DISABLE_PID_VALIDATION only the exporter and these may. */
+ACL_FUNC_VISIBILITY aclError aclrtIpcMemSetImportPid(const char *key, int32_t *pid, size_t num);
+/* Opens the memory of key in the current context: *devPtr reaches the exporter's bytes. */
+ACL_FUNC_VISIBILITY aclError aclrtIpcMemImportByKey(void **devPtr, const char *key,
+                                                    uint64_t flags);
+/* Exporter: ends the export (the key stops working). Importer: closes its view. */
+ACL_FUNC_VISIBILITY aclError aclrtIpcMemClose(const char *key);
+
+/* ---- access of virtual memory and handles back from addresses (acl/access.rs) ---- */
+typedef enum {
+    ACL_RT_MEM_ACCESS_FLAGS_NONE = 0x0,
+    ACL_RT_MEM_ACCESS_FLAGS_READ = 0x1,
+    ACL_RT_MEM_ACCESS_FLAGS_READWRITE = 0x3,
+} aclrtMemAccessFlags;
+
+/* 24 bytes: the access for one location (a device). */
+typedef struct {
+    aclrtMemAccessFlags flags;
+    aclrtMemLocation location;
+    uint8_t rsv[12];
+} aclrtMemAccessDesc;
+
+/* One access per page for every device (descriptors asking different access: 207000). */
+ACL_FUNC_VISIBILITY aclError aclrtMemSetAccess(void *virPtr, size_t size, aclrtMemAccessDesc *desc,
+                                               size_t count);
+/* *flag: the aclrtMemAccessFlags of the page at virPtr for the device *location names. */
+ACL_FUNC_VISIBILITY aclError aclrtMemGetAccess(void *virPtr, aclrtMemLocation *location,
+                                               uint64_t *flag);
+/* As aclrtMapMem, with no access until aclrtMemSetAccess. */
+ACL_FUNC_VISIBILITY aclError aclrtMemMapNoAccess(void *virPtr, size_t size, size_t offset,
+                                                 aclrtDrvMemHandle handle, uint64_t flags);
+/* The handle mapped at virPtr, retained: it takes one more aclrtFreePhysical. */
+ACL_FUNC_VISIBILITY aclError aclrtMemRetainAllocationHandle(void *virPtr,
+                                                            aclrtDrvMemHandle *handle);
+/* The properties the handle was made with (imported: DEVICE, NONE, PINNED, HBM_MEM_HUGE). */
+ACL_FUNC_VISIBILITY aclError aclrtMemGetAllocationPropertiesFromHandle(aclrtDrvMemHandle handle,
+                                                                       aclrtPhysicalMemProp *prop);
+
+/* ---- forced resets and host functions on streams (acl/family.rs) ---- */
+typedef enum aclrtCallbackBlockType {
+    ACL_CALLBACK_NO_BLOCK = 0,
+    ACL_CALLBACK_BLOCK = 1,
+} aclrtCallbackBlockType;
+
+typedef void (*aclrtCallback)(void *userData);
+typedef void (*aclrtHostFunc)(void *args);
+
+/* Resets the device whatever the aclrtSetDevice count (one call releases it). */
+ACL_FUNC_VISIBILITY aclError aclrtResetDeviceForce(int32_t deviceId);
+/* Destroys the stream, discarding its queued work (work already running finishes). */
+ACL_FUNC_VISIBILITY aclError aclrtDestroyStreamForce(aclrtStream stream);
+/* Runs fn(args) on the host in stream order. */
+ACL_FUNC_VISIBILITY aclError aclrtLaunchHostFunc(aclrtStream stream, aclrtHostFunc fn, void *args);
+ACL_FUNC_VISIBILITY aclError aclrtLaunchCallback(aclrtCallback fn, void *userData,
+                                                 aclrtCallbackBlockType blockType,
+                                                 aclrtStream stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -171,3 +171,84 @@ pub(crate) fn physical_at(vm: &VmState, ptr: usize) -> Result<u64> {
         ))),
     }
 }
+
+/// The id of this process as importers' pid lists name it (`aclrtDeviceGetBareTgid`): the
+/// pid every import check ([`check_import_pid`]) compares.
+pub fn own_pid() -> u32 {
+    std::process::id()
+}
+
+/// The whitelist rule of an import of memory exported by process `exporter`: the exporter
+/// itself, an export made with DISABLE_PID_VALIDATION (`disabled`), or a process on the pid
+/// list may import. `what` names the key or handle.
+///
+/// Errors: `InvalidArgument` (107000) naming the process and the list.
+pub fn check_import_pid(
+    exporter: u32,
+    me: u32,
+    pids: &[i32],
+    disabled: bool,
+    what: &str,
+) -> Result<()> {
+    if disabled || exporter == me || pids.contains(&(me as i32)) {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "process {me} is not on the pid list of {what} (the exporter, process {exporter}, \
+         named {pids:?})"
+    )))
+}
+
+/// `flags` of `aclrtIpcMemGetExportKey`: `ACL_RT_IPC_MEM_EXPORT_FLAG_DEFAULT` (0) or
+/// `_DISABLE_PID_VALIDATION` (1); else `InvalidEnumeration` (100000).
+pub fn check_ipc_export_flags(flags: u64) -> Result<()> {
+    if flags > 1 {
+        return Err(Error::InvalidEnumeration(format!(
+            "flags {flags:#x} are not ACL_RT_IPC_MEM_EXPORT_FLAG_DEFAULT (0) or \
+             DISABLE_PID_VALIDATION (1)"
+        )));
+    }
+    Ok(())
+}
+
+/// `flags` of `aclrtIpcMemImportByKey`: `ACL_RT_IPC_MEM_IMPORT_FLAG_DEFAULT` (0) or
+/// `_ENABLE_PEER_ACCESS` (1: every device reaches a view here already); else
+/// `InvalidEnumeration` (100000).
+pub fn check_ipc_import_flags(flags: u64) -> Result<()> {
+    if flags > 1 {
+        return Err(Error::InvalidEnumeration(format!(
+            "flags {flags:#x} are not ACL_RT_IPC_MEM_IMPORT_FLAG_DEFAULT (0) or \
+             ENABLE_PEER_ACCESS (1)"
+        )));
+    }
+    Ok(())
+}
+
+/// What `aclrtIpcMemGetExportKey(ptr, size)` shares: `ptr` must be the start of a device
+/// allocation (`base`, `alloc_size` and `memory_type` of what contains it) and `size` within
+/// it; the whole allocation is exported.
+///
+/// Errors: `InvalidArgument` (107000) naming the pointer or the size.
+pub fn check_ipc_export_range(
+    ptr: usize,
+    size: usize,
+    base: usize,
+    alloc_size: usize,
+    memory_type: crate::spec::MemoryType,
+) -> Result<()> {
+    if memory_type != crate::spec::MemoryType::Device || base != ptr {
+        return Err(Error::InvalidArgument(format!(
+            "{} is not the start of device memory of aclrtMalloc ({:?} memory at {})",
+            Addr(ptr),
+            memory_type,
+            Addr(base)
+        )));
+    }
+    if size > alloc_size {
+        return Err(Error::InvalidArgument(format!(
+            "size {size:#x} runs past the end of the allocation at {} ({alloc_size:#x} bytes)",
+            Addr(ptr)
+        )));
+    }
+    Ok(())
+}
