@@ -227,7 +227,7 @@ pub(crate) fn read_share_path(
         let mut f = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)?;
+            .open(path)?;
         // SAFETY: geteuid has no preconditions.
         let me = unsafe { libc::geteuid() };
         if f.metadata()?.uid() != me {

@@ -1,6 +1,10 @@
 //! Leak check of the C entry points: 10,000 mixed calls (succeeding and failing) over ten
-//! `aclInit` / `aclFinalize` cycles leave the process's mappings, open files and threads, and
-//! the devices' capacity, as they were.
+//! `aclInit` / `aclFinalize` cycles leave what is hetmem's as it was: the devices' capacity,
+//! the runtime's objects (reservations, physical objects, allocations, the library's handles)
+//! and hetmem's own threads; on the host backend also the process's mappings, open files and
+//! threads. On the cuda backend the CUDA driver maps memory, opens files and starts threads of
+//! its own whenever it likes, so those whole-process counts are not hetmem's: that part prints
+//! a `NOT APPLICABLE (cuda)` line and only what is hetmem's is checked.
 
 use std::ffi::c_void;
 use std::ptr::null_mut;
@@ -19,12 +23,48 @@ fn count_entries(path: &str) -> usize {
     std::fs::read_dir(path).unwrap().count()
 }
 
-/// (mappings, open fds, threads).
+/// (mappings, open fds, threads) of the whole process.
 fn footprint() -> (usize, usize, usize) {
     (
         count_lines("/proc/self/maps"),
         count_entries("/proc/self/fd"),
         count_entries("/proc/self/task"),
+    )
+}
+
+/// hetmem's own threads (engine, fault and completion threads: named `hetmem-*`).
+fn hetmem_threads() -> usize {
+    thread_names()
+        .iter()
+        .filter(|n| n.starts_with("hetmem"))
+        .count()
+}
+
+/// Whether the whole process's counts are hetmem's to keep (the host backend), or the CUDA
+/// driver's too.
+fn whole_process_is_ours() -> bool {
+    !matches!(std::env::var("HETMEM_BACKEND").as_deref(), Ok("cuda"))
+}
+
+/// The runtime's objects and the library's handles, all of which must be gone when every
+/// device is reset: (reservations, physical objects, allocations + imports, handles).
+fn hetmem_objects() -> (usize, usize, usize, usize) {
+    let g = state::global().expect("initialised");
+    let vm = g.rt.driver().vm_stats();
+    let usm = g.rt.driver().usm_stats();
+    let reg = g.reg.lock();
+    let handles = reg.contexts.len()
+        + reg.streams.len()
+        + reg.events.len()
+        + reg.phys.len()
+        + reg.reservations.len()
+        + reg.mappings.len()
+        + reg.shareable.len();
+    (
+        vm.reservations,
+        vm.physical_objects,
+        usm.allocations + usm.imports,
+        handles,
     )
 }
 
@@ -193,8 +233,10 @@ unsafe fn round(i: usize, managed: bool) -> usize {
 
 #[test]
 fn ten_thousand_mixed_calls_leave_maps_fds_threads_and_capacity_as_they_were() {
-    std::env::set_var("HETMEM_HOST_DEVICES", "2");
-    std::env::set_var("HETMEM_HOST_DEVICE_MEMORY", "128M");
+    if whole_process_is_ours() {
+        std::env::set_var("HETMEM_HOST_DEVICES", "2");
+        std::env::set_var("HETMEM_HOST_DEVICE_MEMORY", "128M");
+    }
     // glibc gives a thread that first mallocs while every arena is taken by a live thread a
     // new arena (a 64 MiB reservation: two more lines in /proc/self/maps), never unmapped, so
     // the count of mappings depended on how the engine, stream and fault threads happened to
@@ -219,6 +261,7 @@ fn ten_thousand_mixed_calls_leave_maps_fds_threads_and_capacity_as_they_were() {
         round(0, managed == 0);
         ok(setup::aclFinalize(), "aclFinalize");
         let before = footprint();
+        let ours_before = hetmem_threads();
 
         let mut calls = 0;
         let mut i = 0;
@@ -230,22 +273,44 @@ fn ten_thousand_mixed_calls_leave_maps_fds_threads_and_capacity_as_they_were() {
                 i += 1;
             }
             capacity_whole();
+            assert_eq!(hetmem_objects(), (0, 0, 0, 0), "objects left after cycle {_cycle}");
             ok(setup::aclFinalize(), "aclFinalize");
             calls += 2;
         }
         assert!(calls >= 10_000, "{calls}");
-        // Threads that end on their own (an idle IPC broker worker) may take a moment to go.
-        let settle = std::time::Instant::now();
-        while footprint() != before && settle.elapsed() < std::time::Duration::from_secs(3) {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        let after = footprint();
+        // Threads that end on their own (an idle IPC broker worker, an engine thread leaving)
+        // may take a moment to go.
+        let whole = whole_process_is_ours();
+        let settled = |f: &dyn Fn() -> bool| {
+            let t = std::time::Instant::now();
+            while !f() && t.elapsed() < std::time::Duration::from_secs(3) {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        };
+        settled(&|| hetmem_threads() == ours_before);
         assert_eq!(
-            after,
-            before,
-            "(mappings, fds, threads) before and after {calls} calls; threads now: {:?}",
+            hetmem_threads(),
+            ours_before,
+            "hetmem's threads before and after {calls} calls; threads now: {:?}",
             thread_names()
         );
+        if whole {
+            settled(&|| footprint() == before);
+            let after = footprint();
+            assert_eq!(
+                after,
+                before,
+                "(mappings, fds, threads) before and after {calls} calls; threads now: {:?}",
+                thread_names()
+            );
+        } else {
+            hetmem_testkit::loud(
+                "NOT APPLICABLE (cuda) crates/hetmem-acl/tests/leak.rs the process's mappings, \
+                 open files and threads [part]: the CUDA driver maps memory, opens files and \
+                 starts threads of its own; hetmem's capacity, objects, handles and own threads \
+                 are checked",
+            );
+        }
         let leftovers: Vec<String> = std::fs::read_dir("/dev/shm")
             .map(|d| {
                 d.filter_map(|e| e.ok())
