@@ -273,7 +273,11 @@ fn ten_thousand_mixed_calls_leave_maps_fds_threads_and_capacity_as_they_were() {
                 i += 1;
             }
             capacity_whole();
-            assert_eq!(hetmem_objects(), (0, 0, 0, 0), "objects left after cycle {_cycle}");
+            assert_eq!(
+                hetmem_objects(),
+                (0, 0, 0, 0),
+                "objects left after cycle {_cycle}"
+            );
             ok(setup::aclFinalize(), "aclFinalize");
             calls += 2;
         }

@@ -392,10 +392,9 @@ pub(crate) fn import_physical(
     };
     // This process's own memory: the import holds its charge (`crate::semantics::capacity`).
     let charge = m.capacity.first().cloned();
-    let phys = d
-        .vm
-        .write()
-        .insert_imported(raw, context, location, size, charge);
+    let phys =
+        d.vm.write()
+            .insert_imported(raw, context, location, size, charge);
     Ok(phys)
 }
 
