@@ -1,0 +1,200 @@
+"""The allocator under hetmem.torch (its C entry points, tags, sleep / wake, sharing a tag's
+span, the growable buffer), on the host backend: no torch needed."""
+
+import ctypes
+import multiprocessing as mp
+
+import pytest
+
+import hetmem
+from hetmem import _hetmem
+
+from conftest import MiB, PAGE
+
+
+@pytest.fixture(scope="module", autouse=True)
+def host_allocator():
+    assert _hetmem.torch_init("host", 1 << 30) == "host"
+    yield
+    for b in _hetmem.torch_blocks():
+        _hetmem.torch_free(b[0])
+
+
+@pytest.fixture
+def lib():
+    so = ctypes.CDLL(_hetmem.__file__)
+    so.hetmem_torch_malloc.restype = ctypes.c_void_p
+    so.hetmem_torch_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    so.hetmem_torch_free.restype = None
+    so.hetmem_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    return so
+
+
+@pytest.fixture
+def tagged():
+    def use(tag):
+        return _Tag(tag)
+
+    return use
+
+
+class _Tag:
+    def __init__(self, tag):
+        self.tag = tag
+
+    def __enter__(self):
+        self.prev = _hetmem.torch_set_tag(self.tag)
+
+    def __exit__(self, *a):
+        _hetmem.torch_set_tag(self.prev)
+
+
+def test_c_entry_points_allocate_blocks(lib):
+    n = _hetmem.torch_stats()["blocks"]
+    p = lib.hetmem_torch_malloc(3 * MiB, 0, None)
+    assert p and p % PAGE == 0
+    assert _hetmem.torch_block_of(p + 5) == (p, 4 * MiB, 0, "default", False)
+    ctypes.memset(p, 0x3C, 3 * MiB)  # mapped READWRITE
+    assert ctypes.string_at(p + 3 * MiB - 2, 2) == b"\x3c\x3c"
+    assert _hetmem.torch_stats()["blocks"] == n + 1
+    lib.hetmem_torch_free(p, 3 * MiB, 0, None)
+    assert _hetmem.torch_block_of(p) is None
+    assert _hetmem.torch_stats()["blocks"] == n
+    assert lib.hetmem_torch_malloc(0, 0, None) is None
+
+
+def test_malloc_failure_is_null_with_the_reason(lib):
+    assert lib.hetmem_torch_malloc(PAGE, 7, None) is None
+    assert "device 7 does not exist" in _hetmem.torch_last_error()
+    assert lib.hetmem_torch_malloc(PAGE, -1, None) is None
+    assert "-1" in _hetmem.torch_last_error()
+    assert lib.hetmem_torch_malloc(2 << 30, 0, None) is None  # past the 1 GiB arena
+    assert "HETMEM_TORCH_ARENA" in _hetmem.torch_last_error()
+    lib.hetmem_torch_free(ctypes.c_void_p(4096), 0, 0, None)  # not a block: ignored
+    assert "not a block" in _hetmem.torch_last_error()
+
+
+def test_freed_addresses_are_reused_first_fit(tagged):
+    with tagged("reuse"):
+        a = _hetmem.torch_malloc(PAGE)
+        b = _hetmem.torch_malloc(PAGE)
+        c = _hetmem.torch_malloc(PAGE)
+        assert (b - a, c - b) == (PAGE, PAGE)
+        _hetmem.torch_free(b)
+        assert _hetmem.torch_malloc(PAGE) == b
+        for p in (a, b, c):
+            _hetmem.torch_free(p)
+
+
+def _fill(p, n, seed):
+    ctypes.memmove(p, bytes((seed + i) % 251 for i in range(256)) * (n // 256), n)
+
+
+def _check(p, n, seed):
+    return ctypes.string_at(p, n) == bytes((seed + i) % 251 for i in range(256)) * (n // 256)
+
+
+@pytest.mark.parametrize("offload", [True, False])
+def test_sleep_and_wake_keep_the_addresses(tagged, runtime, offload):
+    ctx = _hetmem.torch_context()
+    dev = ctx.driver.device(0)
+    with tagged("weights"):
+        ps = [_hetmem.torch_malloc(s) for s in (PAGE, 3 * MiB, PAGE)]
+    with tagged("kv"):
+        other = _hetmem.torch_malloc(PAGE)
+    sizes = [PAGE, 4 * MiB, PAGE]
+    for i, (p, n) in enumerate(zip(ps, sizes)):
+        _fill(p, n, i)
+    used = dev.used_memory
+    assert _hetmem.torch_sleep(["weights"], offload) == (3, 8 * MiB)
+    assert dev.used_memory == used - 8 * MiB
+    for p, n in zip(ps, sizes):
+        assert ctx.get_access_attribute(p, n) == (hetmem.Access.NONE, n)
+        assert _hetmem.torch_block_of(p)[4]  # asleep
+    assert ctx.get_access_attribute(other, PAGE)[0] == hetmem.Access.READWRITE
+    assert _hetmem.torch_sleep(["weights"], offload) == (0, 0)  # already asleep
+    assert _hetmem.torch_wake(["weights"]) == (3, 8 * MiB)
+    assert dev.used_memory == used
+    for i, (p, n) in enumerate(zip(ps, sizes)):
+        assert ctx.get_access_attribute(p, n) == (hetmem.Access.READWRITE, n)
+        assert _check(p, n, i) == offload
+    # a second cycle reuses the pinned copies
+    if offload:
+        assert _hetmem.torch_stats()["host_copy_bytes"] >= 8 * MiB
+        _hetmem.torch_sleep(["weights"], True)
+        _hetmem.torch_wake(["weights"], keep_host_copy=False)
+        assert all(_check(p, n, i) for i, (p, n) in enumerate(zip(ps, sizes)))
+    for p in ps + [other]:
+        _hetmem.torch_free(p)
+    assert _hetmem.torch_stats()["host_copy_bytes"] == 0
+
+
+def test_a_sleeping_block_can_be_freed(tagged):
+    with tagged("gone"):
+        p = _hetmem.torch_malloc(PAGE)
+    _hetmem.torch_sleep(["gone"], True)
+    _hetmem.torch_free(p)
+    assert _hetmem.torch_blocks("gone") == []
+    assert _hetmem.torch_wake(["gone"]) == (0, 0)
+
+
+def _child_reads_span(handle, n, q):
+    ctx = hetmem.Runtime("host", host_devices=1, host_device_memory="64M").create_context()
+    with ctx.open_ipc_handle(handle) as v:
+        q.put([v.read(i * PAGE, 1)[0] for i in range(n)])
+
+
+def test_a_tag_is_shared_with_one_range_handle(tagged):
+    with tagged("share"):
+        ps = [_hetmem.torch_malloc(PAGE) for _ in range(4)]
+    for i, p in enumerate(ps):
+        ctypes.memset(p, 20 + i, PAGE)
+    h, base, size = _hetmem.torch_share("share")
+    assert (base, size) == (ps[0], 4 * PAGE) == _hetmem.torch_span("share")[:1] + (4 * PAGE,)
+    assert h.kind == "range"
+    mpc = mp.get_context("spawn")
+    q = mpc.Queue()
+    proc = mpc.Process(target=_child_reads_span, args=(h, 4, q))
+    proc.start()
+    try:
+        assert q.get(timeout=60) == [20, 21, 22, 23]
+    finally:
+        proc.join(60)
+    assert proc.exitcode == 0
+    _hetmem.torch_free(ps[1])  # a gap: the span cannot be one range any more
+    with pytest.raises(hetmem.AddressNotFoundError, match=hex(ps[1])):
+        _hetmem.torch_share("share")
+    with pytest.raises(ValueError, match="no block"):
+        _hetmem.torch_span("nothing")
+    for p in ps[:1] + ps[2:]:
+        _hetmem.torch_free(p)
+
+
+def test_growable_keeps_its_address(np):
+    ctx = _hetmem.torch_context()
+    g = _hetmem.growable(ctx, 64 * MiB, chunk=4 * MiB)
+    base = g.ptr
+    assert g.capacity == 64 * MiB and g.used == 0 and g.mapped == 0
+    arr = np.asarray(g)  # spans the whole capacity
+    for step in range(1, 17):
+        g.grow(2 * MiB)
+        assert g.ptr == base == arr.ctypes.data
+        assert g.used == step * 2 * MiB
+        assert g.mapped == -(-step * 2 * MiB // (4 * MiB)) * 4 * MiB
+        arr[g.used - 2 * MiB : g.used] = step
+    assert all(arr[(s - 1) * 2 * MiB] == s for s in range(1, 17))
+    assert g.shrink(20 * MiB) == 12 * MiB
+    assert (g.mapped, g.pool_chunks) == (12 * MiB, 5)
+    g.grow(8 * MiB)  # from the pool
+    assert (g.mapped, g.pool_chunks) == (20 * MiB, 3)
+    assert arr[0] == 1  # the bytes below the shrink point stayed
+    with pytest.raises(hetmem.UnsupportedSizeError, match="capacity"):
+        g.resize(65 * MiB)
+    g.fill_pool(32 * MiB)
+    assert g.pool_chunks == 8
+    g.trim_pool()
+    assert g.pool_chunks == 0
+    del arr
+    g.free()
+    with pytest.raises(hetmem.UnsupportedSizeError, match="page size"):
+        _hetmem.growable(ctx, 64 * MiB, chunk=3 * MiB)
