@@ -46,6 +46,7 @@ __all__ = [
     "GrowableTensor",
     "SharedRegion",
     "share",
+    "unshare",
     "open_shared",
 ]
 
@@ -205,17 +206,22 @@ class GrowableTensor:
         """The first ``numel`` elements (a view: same storage, same ``data_ptr()``)."""
         return self._full[: self.numel]
 
-    def resize(self, numel: int) -> "torch.Tensor":
-        """Backs exactly ``numel`` elements (mapping or unmapping chunks); returns ``tensor``."""
+    def resize(self, numel: int) -> None:
+        """Backs exactly ``numel`` elements (mapping chunks from the pool, or unmapping the ones
+        past it back into the pool). ``tensor`` is then that long; the address never changes.
+
+        Errors: ``UnsupportedSizeError`` past the capacity."""
         self._buf.resize(numel * self.itemsize)
         self.numel = numel
-        return self.tensor
 
-    def grow(self, numel: int) -> "torch.Tensor":
-        return self.resize(self.numel + numel)
+    def grow(self, numel: int) -> None:
+        """Backs ``numel`` more elements (see :meth:`resize`)."""
+        self._buf.grow(numel * self.itemsize)
+        self.numel += numel
 
-    def shrink(self, numel: int) -> "torch.Tensor":
-        return self.resize(max(0, self.numel - numel))
+    def shrink(self, numel: int) -> None:
+        """Backs ``numel`` fewer elements (at least 0)."""
+        self.resize(max(0, self.numel - numel))
 
     def fill_pool(self, nbytes: int) -> None:
         """Makes chunks ahead of time (growth then only maps them)."""
@@ -260,6 +266,12 @@ def share(tensors: Dict[str, "torch.Tensor"], tag: str, device: Optional[int] = 
             t.untyped_storage().nbytes() if t.numel() else 0,
         )
     return SharedRegion(bytes(h), size, entries)
+
+
+def unshare(shared: SharedRegion) -> None:
+    """Releases what the export of ``shared`` holds in this process (``zeMemPutIpcHandle``):
+    views already opened stay valid, later opens fail."""
+    context().put_ipc_handle(shared.handle)
 
 
 def open_shared(shared: SharedRegion, ctx=None, device: Optional[int] = None):

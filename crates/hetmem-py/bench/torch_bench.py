@@ -1,0 +1,510 @@
+#!/usr/bin/env python3
+"""hetmem.torch benchmarks on a GPU, each row against its baseline measured in the same run.
+
+Rows (``--only`` picks some):
+  growth   growth per 2 MiB through hetmem.torch.GrowableTensor (chunks made on demand, and
+           taken from a filled pool) against PyTorch growing a list of 2 MiB tensors (default
+           caching allocator, and expandable segments, each in a fresh process) and against
+           the bare driver sequence (cuMemCreate + cuMemMap + cuMemSetAccess per 2 MiB, and per
+           chunk of the same size as hetmem's) through cuda.bindings.
+  sleep    sleep + wake of 16 GiB in 256 tensors: with offload against the floor (pinned
+           copies of the same bytes, device -> host and back, plus the bare driver calls for
+           the same chunks); discarding against the bare cuMemUnmap / cuMemRelease /
+           cuMemCreate / cuMemMap / cuMemSetAccess of the same chunks.
+  forward  a forward pass of a small model (layers built in code, random weights) under
+           hetmem's allocator (hetmem.torch.region) against the default allocator.
+  share    1 GiB in 512 tensors sent to a second process: one IPC range handle
+           (hetmem.torch.share) against 512 per-tensor CUDA IPC handles (torch.multiprocessing
+           with PYTORCH_NO_CUDA_MEMORY_CACHING=1, so each tensor is its own cudaMalloc and
+           cudaIpcGetMemHandle), and torch.multiprocessing with its caching allocator; end to
+           end, from the export to the receiver holding every tensor.
+
+Writes one JSON document (``--json FILE``, and stdout): every figure, each row's ratio against
+its baseline and the target the issue sets. A row that cannot run records its error.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def now():
+    return time.perf_counter()
+
+
+# ---------------------------------------------------------------------------------------
+# The bare CUDA driver, through cuda.bindings (cuda-python)
+# ---------------------------------------------------------------------------------------
+
+
+class Driver:
+    """The few driver calls the baselines make, each checked."""
+
+    def __init__(self, device=0):
+        try:
+            from cuda.bindings import driver as cu  # cuda-python >= 12.6
+        except ImportError:
+            from cuda import cuda as cu  # older cuda-python
+        self.cu = cu
+        self.dev = device
+        self.check(cu.cuInit(0))
+        prop = cu.CUmemAllocationProp()
+        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = device
+        # As hetmem's objects: exportable (POSIX fd).
+        prop.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        self.prop = prop
+        acc = cu.CUmemAccessDesc()
+        acc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        acc.location.id = device
+        acc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        self.acc = acc
+
+    def check(self, r):
+        err = r[0]
+        if int(err) != 0:
+            raise RuntimeError(f"CUDA driver error {err}")
+        return r[1] if len(r) == 2 else r[1:]
+
+    def reserve(self, size):
+        return int(self.check(self.cu.cuMemAddressReserve(size, 0, 0, 0)))
+
+    def address_free(self, va, size):
+        self.check(self.cu.cuMemAddressFree(self.cu.CUdeviceptr(va), size))
+
+    def create(self, size):
+        return self.check(self.cu.cuMemCreate(size, self.prop, 0))
+
+    def release(self, h):
+        self.check(self.cu.cuMemRelease(h))
+
+    def map(self, va, size, h):
+        self.check(self.cu.cuMemMap(self.cu.CUdeviceptr(va), size, 0, h, 0))
+        self.check(self.cu.cuMemSetAccess(self.cu.CUdeviceptr(va), size, [self.acc], 1))
+
+    def unmap(self, va, size):
+        self.check(self.cu.cuMemUnmap(self.cu.CUdeviceptr(va), size))
+
+
+def bare_map_sequence(drv, total, piece):
+    """Seconds to back ``total`` bytes in ``piece``s: create + map + set access per piece."""
+    va = drv.reserve(total)
+    hs = []
+    t0 = now()
+    for off in range(0, total, piece):
+        h = drv.create(piece)
+        drv.map(va + off, piece, h)
+        hs.append(h)
+    t = now() - t0
+    for i, h in enumerate(hs):
+        drv.unmap(va + i * piece, piece)
+        drv.release(h)
+    drv.address_free(va, total)
+    return t
+
+
+# ---------------------------------------------------------------------------------------
+# Children run in fresh processes (allocator settings are per process)
+# ---------------------------------------------------------------------------------------
+
+
+def child_growth_torch(steps, reps):
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        ts = []
+        t0 = now()
+        for _ in range(steps):
+            ts.append(torch.empty(2 * MiB, dtype=torch.uint8, device="cuda"))
+        torch.cuda.synchronize()
+        times.append((now() - t0) / steps)
+        del ts
+    return {"per_2mib_us": statistics.mean(times) * 1e6, "reps_us": [t * 1e6 for t in times]}
+
+
+def _share_receiver_torch(q_in, q_out):
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+    q_out.put("ready")
+    ts = q_in.get()
+    torch.cuda.synchronize()
+    firsts = torch.stack([t[:1] for t in ts]).sum().item()
+    t1 = time.monotonic()
+    q_out.put((t1, len(ts), float(firsts)))
+    q_in.get()  # keep the tensors until told
+
+
+def child_share_torch(n, size, reps):
+    import torch.multiprocessing as tmp
+
+    ctx = tmp.get_context("spawn")
+    ts = [torch.full((size,), i % 251, dtype=torch.uint8, device="cuda") for i in range(n)]
+    torch.cuda.synchronize()
+    storages = len({t.untyped_storage().data_ptr() for t in ts})
+    out = []
+    for _ in range(reps):
+        q_in, q_out = ctx.SimpleQueue(), ctx.SimpleQueue()
+        p = ctx.Process(target=_share_receiver_torch, args=(q_in, q_out))
+        p.start()
+        assert q_out.get() == "ready"
+        t0 = time.monotonic()
+        q_in.put(ts)
+        t1, count, firsts = q_out.get()
+        q_in.put("done")
+        p.join(120)
+        assert count == n and firsts == float(sum(i % 251 for i in range(n)))
+        out.append(t1 - t0)
+    return {"end_to_end_ms": [t * 1e3 for t in out], "storages": storages}
+
+
+def run_child(name, env=None, **kw):
+    e = dict(os.environ)
+    e.update(env or {})
+    r = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", name, "--child-args", json.dumps(kw)],
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    if r.returncode != 0:
+        raise RuntimeError(f"child {name} failed ({r.returncode}): {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------------------
+# Rows
+# ---------------------------------------------------------------------------------------
+
+
+def row_growth(args, ht):
+    steps = args.growth_steps  # 2 MiB each
+    step_elems = MiB  # fp16
+    reps = args.reps
+    chunk = 32 * MiB
+    res = {"name": "growth_per_2mib", "steps": steps, "chunk_bytes": chunk}
+
+    def grow(pool, chunk=chunk):
+        g = ht.GrowableTensor(steps * step_elems, dtype=torch.float16, chunk_bytes=chunk)
+        if pool:
+            g.fill_pool(steps * 2 * MiB)
+        p = g.data_ptr()
+        torch.cuda.synchronize()
+        t0 = now()
+        for _ in range(steps):
+            g.grow(step_elems)
+        torch.cuda.synchronize()
+        t = (now() - t0) / steps
+        assert g.data_ptr() == p
+        g.tensor[-1] = 1  # touches the last page
+        torch.cuda.synchronize()
+        del g
+        return t
+
+    grow(False)  # warm-up
+    cold = [grow(False) for _ in range(reps)]
+    pooled = [grow(True) for _ in range(reps)]
+    res["hetmem_us"] = statistics.mean(cold) * 1e6
+    res["hetmem_pool_us"] = statistics.mean(pooled) * 1e6
+    res["hetmem_chunk64_us"] = statistics.mean(grow(False, 64 * MiB) for _ in range(reps)) * 1e6
+    res["hetmem_chunk64_pool_us"] = statistics.mean(grow(True, 64 * MiB) for _ in range(reps)) * 1e6
+    res["torch_default"] = run_child("growth-torch", steps=steps, reps=reps)
+    res["torch_expandable"] = run_child(
+        "growth-torch", env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, steps=steps, reps=reps
+    )
+    try:
+        drv = Driver(torch.cuda.current_device())
+        per = [bare_map_sequence(drv, steps * 2 * MiB, 2 * MiB) / steps for _ in range(reps)]
+        chunked = [bare_map_sequence(drv, steps * 2 * MiB, chunk) / steps for _ in range(reps)]
+        res["bare_driver_per_2mib_us"] = statistics.mean(per) * 1e6
+        res["bare_driver_chunked_us"] = statistics.mean(chunked) * 1e6
+        res["ratio_vs_bare_per_2mib"] = res["hetmem_us"] / res["bare_driver_per_2mib_us"]
+        res["ratio_vs_bare_chunked"] = res["hetmem_us"] / res["bare_driver_chunked_us"]
+    except Exception as e:  # cuda.bindings missing or refusing
+        res["bare_driver_error"] = repr(e)
+    t_def = res["torch_default"]["per_2mib_us"]
+    t_exp = res["torch_expandable"]["per_2mib_us"]
+    res["speedup_vs_torch_default"] = t_def / res["hetmem_us"]
+    res["speedup_vs_torch_expandable"] = t_exp / res["hetmem_us"]
+    res["speedup_pool_vs_torch_default"] = t_def / res["hetmem_pool_us"]
+    res["target"] = "at least 3x faster than PyTorch (speedup_vs_torch_* >= 3)"
+    res["pass"] = min(res["speedup_vs_torch_default"], res["speedup_vs_torch_expandable"]) >= 3
+    return res
+
+
+def row_sleep(args, ht):
+    n = args.sleep_tensors
+    each = args.sleep_gib * GiB // n
+    res = {"name": "sleep_wake", "tensors": n, "bytes": n * each}
+    with ht.region("bench-sleep"):
+        ts = [torch.empty(each, dtype=torch.uint8, device="cuda") for _ in range(n)]
+    for i, t in enumerate(ts):
+        t.fill_(i % 251)
+    torch.cuda.synchronize()
+    ptrs = [t.data_ptr() for t in ts]
+    blocks = ht.blocks("bench-sleep")
+    res["blocks"] = len(blocks)
+
+    def cycle(offload):
+        t0 = now()
+        ht.sleep("bench-sleep", offload=offload)
+        t1 = now()
+        ht.wake("bench-sleep")
+        torch.cuda.synchronize()
+        t2 = now()
+        return t1 - t0, t2 - t1
+
+    first = cycle(True)  # makes the pinned copies
+    steady = [cycle(True) for _ in range(args.reps)]
+    assert [t.data_ptr() for t in ts] == ptrs
+    checks = [int(ts[i][-1].item()) == i % 251 for i in (0, n // 2, n - 1)]
+    assert all(checks), "contents lost across sleep / wake"
+    res["offload_first_s"] = {"sleep": first[0], "wake": first[1]}
+    res["offload_s"] = statistics.mean(a + b for a, b in steady)
+    res["offload_sleep_s"] = statistics.mean(a for a, _ in steady)
+    res["offload_wake_s"] = statistics.mean(b for _, b in steady)
+    discard = [cycle(False) for _ in range(args.reps)]
+    res["discard_s"] = statistics.mean(a + b for a, b in discard)
+    assert [t.data_ptr() for t in ts] == ptrs
+
+    # Floor part 1: pinned copies of the same bytes, device -> host then host -> device.
+    host = [torch.empty(each, dtype=torch.uint8, pin_memory=True) for _ in range(n)]
+    copies = []
+    for _ in range(args.reps + 1):
+        torch.cuda.synchronize()
+        t0 = now()
+        for h, t in zip(host, ts):
+            h.copy_(t, non_blocking=True)
+        torch.cuda.synchronize()
+        for h, t in zip(host, ts):
+            t.copy_(h, non_blocking=True)
+        torch.cuda.synchronize()
+        copies.append(now() - t0)
+    copy_s = statistics.mean(copies[1:])
+    res["pinned_copy_s"] = copy_s
+    res["pinned_copy_gib_s"] = 2 * n * each / GiB / copy_s
+    del host
+    # Floor part 2: the bare driver calls for the same chunks.
+    drv = Driver(torch.cuda.current_device())
+    gran = 2 * MiB
+    size = -(-each // gran) * gran
+    va = drv.reserve(n * size)
+    hs = []
+    for i in range(n):
+        h = drv.create(size)
+        drv.map(va + i * size, size, h)
+        hs.append(h)
+    bare = []
+    for _ in range(args.reps):
+        t0 = now()
+        for i, h in enumerate(hs):
+            drv.unmap(va + i * size, size)
+            drv.release(h)
+        hs = []
+        for i in range(n):
+            h = drv.create(size)
+            drv.map(va + i * size, size, h)
+            hs.append(h)
+        bare.append(now() - t0)
+    for i, h in enumerate(hs):
+        drv.unmap(va + i * size, size)
+        drv.release(h)
+    drv.address_free(va, n * size)
+    bare_s = statistics.mean(bare)
+    res["bare_driver_s"] = bare_s
+    res["offload_floor_s"] = copy_s + bare_s
+    res["offload_ratio"] = res["offload_s"] / res["offload_floor_s"]
+    res["discard_ratio"] = res["discard_s"] / bare_s
+    res["target"] = "offload_ratio <= 1.15, discard_ratio <= 1.1"
+    res["pass"] = res["offload_ratio"] <= 1.15 and res["discard_ratio"] <= 1.1
+    del ts
+    torch.cuda.synchronize()
+    return res
+
+
+def make_model(seed, width, depth):
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.GELU()]
+    layers.append(torch.nn.LayerNorm(width))
+    return torch.nn.Sequential(*layers).half()
+
+
+def row_forward(args, ht):
+    width, depth, batch, iters = 4096, 8, 256, args.forward_iters
+    res = {"name": "forward", "width": width, "depth": depth, "batch": batch, "iters": iters}
+    x = torch.randn(batch, width, device="cuda", dtype=torch.float16)
+    default = make_model(0, width, depth).cuda()
+    with ht.region("bench-forward"):
+        hmodel = make_model(0, width, depth).cuda()
+    assert all(ht.owns(p) for p in hmodel.parameters())
+
+    def run(model, use_hetmem):
+        with torch.no_grad():
+            if use_hetmem:
+                with ht.region("bench-forward"):
+                    for _ in range(5):
+                        model(x)
+                    torch.cuda.synchronize()
+                    t0 = now()
+                    for _ in range(iters):
+                        y = model(x)
+                    torch.cuda.synchronize()
+                    return (now() - t0) / iters, y
+            for _ in range(5):
+                model(x)
+            torch.cuda.synchronize()
+            t0 = now()
+            for _ in range(iters):
+                y = model(x)
+            torch.cuda.synchronize()
+            return (now() - t0) / iters, y
+
+    a, b = [], []
+    for _ in range(args.reps + 2):  # interleaved, the first round a warm-up
+        ta, ya = run(default, False)
+        tb, yb = run(hmodel, True)
+        a.append(ta)
+        b.append(tb)
+    torch.testing.assert_close(yb, ya)
+    res["default_ms"] = statistics.mean(a[1:]) * 1e3
+    res["hetmem_ms"] = statistics.mean(b[1:]) * 1e3
+    res["ratio"] = res["hetmem_ms"] / res["default_ms"]
+    res["outputs_equal"] = bool(torch.equal(ya, yb))
+    res["target"] = "ratio within 2% (<= 1.02)"
+    res["pass"] = res["ratio"] <= 1.02
+    return res
+
+
+def _share_receiver_hetmem(q_in, q_out):
+    import hetmem.torch as ht
+
+    ht.init("cuda")
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+    q_out.put("ready")
+    shared = q_in.get()
+    view, ts = ht.open_shared(shared)
+    ts = [ts[f"t{i}"] for i in range(len(ts))]
+    firsts = torch.stack([t[:1] for t in ts]).sum().item()
+    t1 = time.monotonic()
+    q_out.put((t1, len(ts), float(firsts)))
+    q_in.get()
+
+
+def row_share(args, ht):
+    import torch.multiprocessing as tmp
+
+    n, size = args.share_tensors, args.share_gib * GiB // args.share_tensors
+    res = {"name": "share", "tensors": n, "bytes": n * size}
+    with ht.region("bench-share"):
+        ts = [torch.full((size,), i % 251, dtype=torch.uint8, device="cuda") for i in range(n)]
+    torch.cuda.synchronize()
+    res["blocks"] = len(ht.blocks("bench-share"))
+    ctx = tmp.get_context("spawn")
+    e2e, export = [], []
+    for _ in range(args.reps + 1):
+        q_in, q_out = ctx.SimpleQueue(), ctx.SimpleQueue()
+        p = ctx.Process(target=_share_receiver_hetmem, args=(q_in, q_out))
+        p.start()
+        assert q_out.get() == "ready"
+        t0 = time.monotonic()
+        shared = ht.share({f"t{i}": t for i, t in enumerate(ts)}, "bench-share")
+        export.append(time.monotonic() - t0)
+        q_in.put(shared)
+        t1, count, firsts = q_out.get()
+        q_in.put("done")
+        p.join(120)
+        ht.unshare(shared)
+        assert count == n and firsts == float(sum(i % 251 for i in range(n)))
+        e2e.append(t1 - t0)
+    res["hetmem_first_ms"] = e2e[0] * 1e3
+    res["hetmem_ms"] = statistics.mean(e2e[1:]) * 1e3
+    res["hetmem_export_ms"] = [t * 1e3 for t in export]
+    per = run_child(
+        "share-torch", env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, n=n, size=size, reps=args.reps + 1
+    )
+    cached = run_child("share-torch", n=n, size=size, reps=args.reps + 1)
+    res["per_tensor_handles"] = per
+    res["torch_multiprocessing_cached"] = cached
+    res["per_tensor_ms"] = statistics.mean(per["end_to_end_ms"][1:])
+    res["speedup_vs_per_tensor"] = res["per_tensor_ms"] / res["hetmem_ms"]
+    res["speedup_vs_torch_cached"] = statistics.mean(cached["end_to_end_ms"][1:]) / res["hetmem_ms"]
+    res["target"] = "one handle faster end to end than 512 per-tensor handles"
+    res["pass"] = res["speedup_vs_per_tensor"] > 1
+    del ts
+    return res
+
+
+ROWS = {"growth": row_growth, "sleep": row_sleep, "forward": row_forward, "share": row_share}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", help="write the JSON document here too")
+    ap.add_argument("--only", default="growth,sleep,forward,share")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--growth-steps", type=int, default=1024)
+    ap.add_argument("--sleep-gib", type=int, default=16)
+    ap.add_argument("--sleep-tensors", type=int, default=256)
+    ap.add_argument("--forward-iters", type=int, default=50)
+    ap.add_argument("--share-gib", type=int, default=1)
+    ap.add_argument("--share-tensors", type=int, default=512)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--child-args", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        kw = json.loads(args.child_args or "{}")
+        out = {"growth-torch": child_growth_torch, "share-torch": child_share_torch}[args.child](**kw)
+        print(json.dumps(out))
+        return 0
+    import hetmem
+    import hetmem.torch as ht
+
+    ht.init("cuda")
+    doc = {
+        "bench": "hetmem.torch",
+        "hetmem": hetmem.__version__,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name(),
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "rows": [],
+    }
+    for name in args.only.split(","):
+        t0 = now()
+        try:
+            row = ROWS[name](args, ht)
+        except Exception as e:
+            row = {"name": name, "error": repr(e), "traceback": traceback.format_exc()}
+        row["wall_s"] = now() - t0
+        doc["rows"].append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    doc["allocator"] = ht.stats()
+    text = json.dumps(doc, indent=2)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
