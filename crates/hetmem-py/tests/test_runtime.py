@@ -69,3 +69,26 @@ def test_uninitialized_cuda_or_a_gpu():
         assert "cuda backend cannot start" in e.message
     else:
         assert rt.driver.backend == "cuda"
+
+
+def test_extreme_values_raise_errors_not_panics(ctx):
+    # PyO3 turns a Rust panic into pyo3_runtime.PanicException (a BaseException, not an
+    # Exception): every case here must be an ordinary exception.
+    huge = (1 << 64) - (1 << 16)
+    cases = [
+        lambda: ctx.reserve(huge),
+        lambda: ctx.alloc_host(huge),
+        lambda: ctx.get_access_attribute(huge, 1 << 16),
+        lambda: ctx.unmap(huge, 1 << 16),
+        lambda: ctx.reserve(1 << 16).map(huge, ctx.create_physical_memory(1 << 16)),
+        lambda: ctx.alloc_host(4096).view(huge, 4096),
+        lambda: ctx.alloc_host(4096).read(4000, huge),
+        lambda: ctx.get_ipc_handle(huge, range_size=huge),
+        lambda: ctx.memcpy(huge, huge, huge),
+        lambda: ctx.alloc_managed(1 << 63),
+        lambda: ctx.reserve(-1),
+    ]
+    for i, case in enumerate(cases):
+        with pytest.raises(Exception) as e:
+            case()
+        assert type(e.value).__name__ != "PanicException", (i, e.value)
