@@ -604,7 +604,7 @@ impl Context {
     /// (`zeVirtualMemQueryPageSize`): 64 KiB below 2 MiB, 2 MiB from 2 MiB up (at least the
     /// device's granularity).
     ///
-    /// Errors: `UnsupportedSizeError` for 0.
+    /// A size of 0 answers the smallest allocation's page size (the reference driver's answer).
     #[pyo3(signature = (size, device = None))]
     fn query_page_size(&self, size: usize, device: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
         let dev = need_device(&self.inner, device)?;
