@@ -1,7 +1,8 @@
 //! On the host backend a readable map fills the page table of its whole range in the call
 //! (`MAP_POPULATE`): the mapping is resident before anything touches it, so first accesses do not
 //! fault. A map with access NONE populates nothing. Checked with the kernel's own count of the
-//! mapping's resident pages (`Rss` in `/proc/self/smaps`).
+//! mapping's resident pages (`Rss` in `/proc/self/smaps`). An IPC view is the exception: its
+//! page table fills on first touch (it shows memory its exporter owns).
 
 mod common;
 
@@ -81,4 +82,64 @@ fn readable_map_is_resident_at_once_and_access_none_is_not() {
     for p in objs {
         ctx.destroy_physical_memory(p).unwrap();
     }
+}
+
+/// An IPC view is mapped without filling its page table (`Backend::map_view`): right after open
+/// nothing of the view's mapping is resident, although the exported memory is (the exporter's
+/// readable map populated it); each page comes in on first touch with the exporter's data, and
+/// a write through the view reaches the exporter's mapping.
+#[test]
+fn an_ipc_view_fills_its_page_table_on_first_touch_not_at_open() {
+    if common::file_not_applicable(HOST_ONLY) {
+        return;
+    }
+    let rt = Runtime::builder()
+        .host_devices(1)
+        .host_device_memory(64 << 20)
+        .build()
+        .unwrap();
+    let dev = rt.driver().device(0).unwrap();
+    let ctx = rt.driver().create_context().unwrap();
+    let page = ctx.query_page_size(&dev, 2 << 20).unwrap();
+    let kib = (page / 1024) as u64;
+    let r = ctx.reserve(None, page).unwrap();
+    let obj = ctx
+        .create_physical_memory(Some(&dev), PhysicalMemoryFlags::AllocateOnDevice, page)
+        .unwrap();
+    ctx.map(r.base, page, obj, 0, AccessAttribute::ReadWrite)
+        .unwrap();
+    assert_eq!(rss_kib(r.base), Some(kib), "the exporter's map is resident");
+    let words = page / 4096;
+    for i in 0..words {
+        // SAFETY: mapped read-write, only this test uses it.
+        unsafe { ((r.base + i * 4096) as *mut u64).write_volatile(0x5eed_0000 + i as u64) };
+    }
+    let h = ctx.get_physical_memory_ipc_handle(obj, None).unwrap();
+    let v = ctx.open_ipc_handle(&h, 0).unwrap();
+    assert_eq!(
+        rss_kib(v),
+        Some(0),
+        "a fresh view at {v:#x} is not populated"
+    );
+    for i in [0, 100, words - 1] {
+        // SAFETY: the view is mapped read-write for `page` bytes.
+        let got = unsafe { ((v + i * 4096) as *const u64).read_volatile() };
+        assert_eq!(got, 0x5eed_0000 + i as u64, "page {i} of the view");
+    }
+    let touched = rss_kib(v).unwrap();
+    assert!(
+        touched > 0 && touched < kib,
+        "after touching 3 pages the view has {touched} KiB resident (of {kib})"
+    );
+    // SAFETY: as above.
+    unsafe { ((v + 200 * 4096) as *mut u64).write_volatile(0xfeed) };
+    // SAFETY: the exporter's mapping of the same memory.
+    assert_eq!(
+        unsafe { ((r.base + 200 * 4096) as *const u64).read_volatile() },
+        0xfeed
+    );
+    ctx.close_ipc_handle(v).unwrap();
+    ctx.put_ipc_handle(&h).unwrap();
+    ctx.free_reservation(r).unwrap();
+    ctx.destroy_physical_memory(obj).unwrap();
 }

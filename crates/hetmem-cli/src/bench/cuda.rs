@@ -23,7 +23,7 @@ use hetmem::{
 
 use super::{alternate, e2s, key, size_name, Args, Row, Unit};
 
-fn ok(what: &str, r: sys::CUresult) -> Result<(), String> {
+pub(super) fn ok(what: &str, r: sys::CUresult) -> Result<(), String> {
     if r == sys::CUresult::CUDA_SUCCESS {
         Ok(())
     } else {
@@ -31,7 +31,7 @@ fn ok(what: &str, r: sys::CUresult) -> Result<(), String> {
     }
 }
 
-fn prop() -> sys::CUmemAllocationProp {
+pub(super) fn prop() -> sys::CUmemAllocationProp {
     // SAFETY: plain data; all-zero is valid, the fields used are set below.
     let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
     p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -44,7 +44,7 @@ fn prop() -> sys::CUmemAllocationProp {
     p
 }
 
-fn rw(flags: sys::CUmemAccess_flags) -> sys::CUmemAccessDesc {
+pub(super) fn rw(flags: sys::CUmemAccess_flags) -> sys::CUmemAccessDesc {
     sys::CUmemAccessDesc {
         location: sys::CUmemLocation {
             type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
@@ -54,7 +54,8 @@ fn rw(flags: sys::CUmemAccess_flags) -> sys::CUmemAccessDesc {
     }
 }
 
-const RW: sys::CUmemAccess_flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+pub(super) const RW: sys::CUmemAccess_flags =
+    sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
 const RO: sys::CUmemAccess_flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ;
 
 pub fn bench(args: &Args) -> Result<Vec<Row>, String> {

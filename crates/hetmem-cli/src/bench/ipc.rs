@@ -18,9 +18,15 @@
 //!   (`connect` + `sendmsg` + `recvmsg`), `mmap`, `munmap`, `close`; and in the exporting
 //!   process against `dup` + `mmap` + `munmap` + `close`.
 //!
-//! The backend is `HETMEM_BACKEND`'s (host by default). On the cuda backend only the first row
-//! runs (the other two compare with `mmap` of a memfd, which has no CUDA counterpart); it
-//! says so.
+//! - **range vs the driver floor** (cuda backend only): the same range share against the CUDA
+//!   driver's own per-allocation work for as many allocations, bare, in the same run
+//!   (`cuMemExportToShareableHandle`, `cuMemImportFromShareableHandle`, `cuMemMap`,
+//!   `cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease`, `close`, in one process: no handle format
+//!   can go below it); the JSON holds `driver_floor_1gib_ns` and `range_to_driver_floor_ratio`.
+//!
+//! The backend is `HETMEM_BACKEND`'s (host by default). On the cuda backend the open + close
+//! rows do not run (they compare with `mmap` of a memfd, which has no CUDA counterpart); it
+//! says so. Without a GPU, `HETMEM_BACKEND=cuda hetmem bench ipc` says why and stops.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::AsFd;
@@ -123,6 +129,22 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
     let fds0 = open_fd_count();
     let mut range_fds = 0;
     let mut obj_fds = 0;
+    let mut range_round = || -> Result<f64, String> {
+        let t = Instant::now();
+        let props = IpcProperties {
+            range_size: Some(OBJECTS * OBJECT),
+            ..Default::default()
+        };
+        let h = ctx
+            .get_ipc_handle_with_properties(r.base, &props)
+            .map_err(e2s)?;
+        let exported = t.elapsed();
+        range_fds = open_fd_count() - fds0;
+        let t = Instant::now();
+        imp.borrow_mut().ask("range", &[h])?;
+        ctx.put_ipc_handle(&h).map_err(e2s)?;
+        Ok((exported + t.elapsed()).as_nanos() as f64)
+    };
     let (per_object, range) = alternate(
         args.rounds,
         || {
@@ -141,23 +163,18 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
             }
             Ok((exported + t.elapsed()).as_nanos() as f64)
         },
-        || {
-            let t = Instant::now();
-            let props = IpcProperties {
-                range_size: Some(OBJECTS * OBJECT),
-                ..Default::default()
-            };
-            let h = ctx
-                .get_ipc_handle_with_properties(r.base, &props)
-                .map_err(e2s)?;
-            let exported = t.elapsed();
-            range_fds = open_fd_count() - fds0;
-            let t = Instant::now();
-            imp.borrow_mut().ask("range", &[h])?;
-            ctx.put_ipc_handle(&h).map_err(e2s)?;
-            Ok((exported + t.elapsed()).as_nanos() as f64)
-        },
+        &mut range_round,
     )?;
+    // The cuda floor: the driver's own per-allocation work for as many allocations, bare.
+    let floor = if rt.driver().backend_kind() == BackendKind::Cuda {
+        Some(alternate(
+            args.rounds,
+            &mut range_round,
+            cuda_floor_round(dev.ordinal())?,
+        )?)
+    } else {
+        None
+    };
     println!(
         "share 1 GiB of {OBJECTS} objects end to end (export + send 64-byte handles + open + \
          verify + close + put; verify = read the stamps in the first and last 8 bytes of each \
@@ -183,6 +200,29 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
     super::json_extra("range_handle_1gib_ns", range);
     super::json_extra("per_object_handles_1gib_ns", per_object);
     super::json_extra("range_speedup_ratio", per_object / range);
+    if let Some((range_again, floor)) = floor {
+        println!(
+            "the same range share {:.2} ms against the driver's own work for {OBJECTS} \
+             allocations, bare (cuMemExportToShareableHandle + cuMemImportFromShareableHandle + \
+             cuMemMap + cuMemSetAccess + cuMemUnmap + cuMemRelease + close, in one process) \
+             {:.2} ms: {:.2}x the floor",
+            range_again / 1e6,
+            floor / 1e6,
+            range_again / floor
+        );
+        rows.push(Row {
+            unit: Unit::Ns,
+            op: "share 1GiB: range vs driver floor",
+            size: "1GiB",
+            key: "share_1gib_range_vs_driver_floor".into(),
+            hetmem_ns: range_again,
+            baseline_ns: Some(floor),
+            baseline: "bare export+import+map+set access+unmap+release x512",
+            target: Some("<= 1.2"),
+        });
+        super::json_extra("driver_floor_1gib_ns", floor);
+        super::json_extra("range_to_driver_floor_ratio", range_again / floor);
+    }
     super::json_extra("range_handle_exporter_fds", range_fds as f64);
     super::json_extra("per_object_handles_exporter_fds", obj_fds as f64);
     if !host {
@@ -261,6 +301,109 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
         ctx.destroy_physical_memory(o).map_err(e2s)?;
     }
     Ok(rows)
+}
+
+/// One round of the cuda floor, as a closure for [`alternate`]: the bare driver calls that any
+/// IPC share of [`OBJECTS`] allocations of [`OBJECT`] bytes makes at least, in one process and
+/// on device `ordinal`'s primary context: per allocation `cuMemExportToShareableHandle` (POSIX
+/// fd), `cuMemImportFromShareableHandle`, `cuMemMap` into one reserved range,
+/// `cuMemSetAccess`, then `cuMemUnmap`, `cuMemRelease` of the import and `close` of the fd.
+/// The allocations (`cuMemCreate`) and the range (`cuMemAddressReserve`) are made once, outside
+/// the timing, and freed when the closure is dropped.
+fn cuda_floor_round(ordinal: u32) -> Result<impl FnMut() -> Result<f64, String>, String> {
+    use super::cuda::{ok, prop, rw, RW};
+    use cudarc::driver::sys;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    struct Floor {
+        allocs: Vec<sys::CUmemGenericAllocationHandle>,
+        va: u64,
+    }
+    impl Drop for Floor {
+        fn drop(&mut self) {
+            // SAFETY: ours, unmapped, unused.
+            unsafe {
+                for &h in &self.allocs {
+                    sys::cuMemRelease(h);
+                }
+                sys::cuMemAddressFree(self.va, OBJECTS * OBJECT);
+            }
+        }
+    }
+    let mut p = prop();
+    p.location.id = ordinal as i32;
+    let mut f = Floor {
+        allocs: Vec::with_capacity(OBJECTS),
+        va: 0,
+    };
+    // SAFETY: plain driver calls with valid out-pointers, on this thread's current context.
+    unsafe {
+        let (mut d, mut c) = (0, std::ptr::null_mut());
+        ok("cuDeviceGet", sys::cuDeviceGet(&mut d, ordinal as i32))?;
+        ok(
+            "cuDevicePrimaryCtxRetain",
+            sys::cuDevicePrimaryCtxRetain(&mut c, d),
+        )?;
+        ok("cuCtxSetCurrent", sys::cuCtxSetCurrent(c))?;
+        for _ in 0..OBJECTS {
+            let mut h = 0;
+            ok("cuMemCreate", sys::cuMemCreate(&mut h, OBJECT, &p, 0))?;
+            f.allocs.push(h);
+        }
+        ok(
+            "cuMemAddressReserve",
+            sys::cuMemAddressReserve(&mut f.va, OBJECTS * OBJECT, OBJECT, 0, 0),
+        )?;
+    }
+    let mut access = rw(RW);
+    access.location.id = ordinal as i32;
+    Ok(move || {
+        let t = Instant::now();
+        let mut fds = Vec::with_capacity(OBJECTS);
+        let mut imported = Vec::with_capacity(OBJECTS);
+        // SAFETY: each allocation exported to a fresh fd, imported back, mapped into an
+        // unmapped part of our range, then unmapped and the import released.
+        unsafe {
+            for &h in &f.allocs {
+                let mut fd: std::ffi::c_int = -1;
+                ok(
+                    "cuMemExportToShareableHandle",
+                    sys::cuMemExportToShareableHandle(
+                        (&mut fd as *mut std::ffi::c_int).cast(),
+                        h,
+                        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                        0,
+                    ),
+                )?;
+                fds.push(OwnedFd::from_raw_fd(fd));
+            }
+            for fd in &fds {
+                let mut h = 0;
+                ok(
+                    "cuMemImportFromShareableHandle",
+                    sys::cuMemImportFromShareableHandle(
+                        &mut h,
+                        std::os::fd::AsRawFd::as_raw_fd(fd) as isize as *mut std::ffi::c_void,
+                        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                    ),
+                )?;
+                imported.push(h);
+            }
+            for (i, &h) in imported.iter().enumerate() {
+                let a = f.va + (i * OBJECT) as u64;
+                ok("cuMemMap", sys::cuMemMap(a, OBJECT, 0, h, 0))?;
+                ok("cuMemSetAccess", sys::cuMemSetAccess(a, OBJECT, &access, 1))?;
+            }
+            for (i, &h) in imported.iter().enumerate() {
+                ok(
+                    "cuMemUnmap",
+                    sys::cuMemUnmap(f.va + (i * OBJECT) as u64, OBJECT),
+                )?;
+                ok("cuMemRelease", sys::cuMemRelease(h))?;
+            }
+        }
+        drop(fds);
+        Ok(t.elapsed().as_nanos() as f64)
+    })
 }
 
 fn raw_map_unmap(fd: std::os::fd::BorrowedFd<'_>, size: usize) -> Result<(), String> {

@@ -324,6 +324,31 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         prot: Protection,
     ) -> Result<()>;
 
+    /// Maps a piece of an IPC view ([`crate::semantics::ipc::views`]): as [`Backend::map`], but
+    /// the page-table entries are filled on first touch, not in the call. A view shows memory
+    /// another process (or the exporting context) owns: filling its page table at every open
+    /// would allocate every page of the exported objects that nobody touched and cost 512
+    /// entries per 2 MiB on every open (an importer that reads two pages of each object pays
+    /// two faults instead).
+    ///
+    /// CUDA: as [`Backend::map`] (the GPU's page tables have no lazy fill). Host:
+    /// `mmap(addr, size, prot, MAP_SHARED | MAP_FIXED, memfd, phys_offset)` without
+    /// `MAP_POPULATE`.
+    ///
+    /// # Safety
+    /// As [`Backend::map`].
+    unsafe fn map_view(
+        &self,
+        addr: usize,
+        size: usize,
+        raw: RawPhysical,
+        phys_offset: usize,
+        prot: Protection,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.map(addr, size, raw, phys_offset, prot) }
+    }
+
     /// Unmaps `[addr, addr+size)`, which stays reserved and inaccessible. The range may be any
     /// page-aligned sub-range of earlier [`Backend::map`] ranges, and may span several of them;
     /// a platform that can only unmap whole mappings (CUDA) first splits a mapping the range

@@ -4,11 +4,12 @@
 //!
 //! | operation | syscalls |
 //! |---|---|
-//! | reserve | `mmap(PROT_NONE, MAP_PRIVATE \| MAP_ANONYMOUS \| MAP_NORESERVE [\| MAP_FIXED_NOREPLACE])`, `munmap` of the alignment slack |
+//! | reserve | `mmap(PROT_NONE, MAP_PRIVATE \| MAP_ANONYMOUS \| MAP_NORESERVE [\| MAP_FIXED_NOREPLACE])` of the exact size where the kernel aligns it (page alignment; 2 MiB multiples up to 2 MiB alignment), else of size + alignment and `munmap` of the slack |
 //! | release | `munmap(2)` |
 //! | create physical | `memfd_create(2)`, `ftruncate(2)`, `fcntl(F_ADD_SEALS)` |
 //! | destroy physical | `close(2)` |
 //! | map | `mmap(MAP_SHARED \| MAP_FIXED \| MAP_POPULATE, memfd, offset)` (no `MAP_POPULATE` for access NONE); with shmem THP, a 2 MiB-aligned map is `mmap(MAP_SHARED \| MAP_FIXED)`, `madvise(MADV_HUGEPAGE)`, `madvise(MADV_POPULATE_READ)` ([`huge`]) |
+//! | map an IPC view | `mmap(MAP_SHARED \| MAP_FIXED, memfd, offset)` (filled on first touch, never huge-advised or populated) |
 //! | unmap | `mmap(PROT_NONE, MAP_FIXED \| MAP_NORESERVE)` (the placeholder comes back) |
 //! | protect | `mprotect(2)` |
 //! | alloc (USM) | `memfd_create`, `ftruncate`, `F_ADD_SEALS`, placeholder `mmap`, `mmap(MAP_SHARED \| MAP_FIXED)` |
@@ -29,7 +30,10 @@
 //! and allocates (zeroes) the ones never touched, so map costs time in proportion to the range
 //! (on a 2-core VM, about 0.25 ms per 2 MiB of 4 KiB pages against about 1.5-2 ms for faulting
 //! them in one by one on first write; `hetmem bench kv`), and the memory is resident from the
-//! map on. A map with access NONE populates nothing (nothing may touch it).
+//! map on. A map with access NONE populates nothing (nothing may touch it), and neither does
+//! the map of an IPC view (`Backend::map_view`): it shows memory its exporter owns, which
+//! populating would allocate whole and cost 512 page-table entries per 2 MiB at every open
+//! (most of `hetmem bench ipc`'s time when views were populated, issue 23).
 
 pub(crate) mod engine;
 pub(crate) mod huge;
@@ -159,9 +163,21 @@ pub(crate) unsafe fn map_shared_fixed<Fd: std::os::fd::AsFd>(
     .map(|_| ())
 }
 
+/// The boundary Linux (6.7 on) places anonymous mappings whose length is a multiple of it at
+/// (a PMD: its transparent huge page size with 4 KiB pages).
+const PMD: usize = 2 << 20;
+
+/// Whether this kernel placed the last exact-size reservation tried at the alignment asked
+/// (see [`reserve_placeholder`]); once it did not, the exact try is skipped for alignments
+/// above the page.
+static EXACT_ALIGNS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
 /// Reserves inaccessible address space: `mmap(PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS |
-/// MAP_NORESERVE)`, with `MAP_FIXED_NOREPLACE` at `hint` when given (never replaces a mapping),
-/// over-allocating by `align` and `munmap`-ing the slack to align the start.
+/// MAP_NORESERVE)`, with `MAP_FIXED_NOREPLACE` at `hint` when given (never replaces a mapping).
+/// Without a hint, where the kernel places the exact size at the alignment anyway (any size
+/// for page alignment; a multiple of 2 MiB for alignments up to 2 MiB, which Linux 6.7 on
+/// aligns to 2 MiB), that one call; otherwise over-allocating by `align` and `munmap`-ing the
+/// slack to align the start.
 ///
 /// # Safety
 /// Edits the process address space; never touches existing mappings.
@@ -190,6 +206,21 @@ pub(crate) unsafe fn reserve_placeholder(
                 Err(_) => {}
             }
         }
+    }
+    use std::sync::atomic::Ordering::Relaxed;
+    let page = os_page_size();
+    if align <= page || (align <= PMD && size.is_multiple_of(PMD) && EXACT_ALIGNS.load(Relaxed)) {
+        // SAFETY: a fresh anonymous mapping chosen by the kernel.
+        let p = unsafe {
+            rustix::mm::mmap_anonymous(std::ptr::null_mut(), size, ProtFlags::empty(), PLACEHOLDER)
+        }
+        .map_err(|e| os_error("mmap(PROT_NONE) for a reservation", e))? as usize;
+        if p.is_multiple_of(align) {
+            return Ok(p);
+        }
+        EXACT_ALIGNS.store(false, Relaxed);
+        // SAFETY: the mapping we just made; nobody else knows of it.
+        unsafe { rustix::mm::munmap(p as *mut _, size).ok() };
     }
     let total = size.checked_add(align).ok_or_else(|| {
         HalError::OutOfHostMemory(format!("no address range of {size:#x} + {align:#x} bytes"))
@@ -240,6 +271,37 @@ pub(crate) fn sized_memfd(name: &str, size: u64) -> Result<OwnedFd> {
     }
     rustix::fs::ftruncate(&fd, size).map_err(|e| os_error("ftruncate(memfd)", e))?;
     Ok(fd)
+}
+
+/// `mmap(addr, size, prot, MAP_SHARED | MAP_FIXED | extra, memfd, phys_offset)` of physical
+/// object `raw` over our placeholder; on failure the placeholder is put back.
+///
+/// # Safety
+/// As [`Backend::map`]: `[addr, addr+size)` is an unmapped part of one of our reservations.
+unsafe fn map_memfd(
+    addr: usize,
+    size: usize,
+    raw: RawPhysical,
+    phys_offset: usize,
+    prot: Protection,
+    extra: MapFlags,
+) -> Result<()> {
+    // SAFETY: the fd is alive while the semantics layer holds the object.
+    let fd = unsafe { BorrowedFd::borrow_raw(raw.0 as i32) };
+    // SAFETY: [addr, addr+size) is an unmapped part of one of our reservations, so MAP_FIXED
+    // replaces only our own placeholder.
+    let r =
+        unsafe { map_shared_fixed(addr, size, prot_flags(prot), extra, fd, phys_offset as u64) };
+    match r {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            // A failed MAP_FIXED may have dropped the placeholder; put it back so the range
+            // stays reserved.
+            // SAFETY: same range, still ours.
+            unsafe { restore_placeholder(addr, size).ok() };
+            Err(os_error("mmap(MAP_FIXED) of a physical object", e))
+        }
+    }
 }
 
 impl Backend for HostBackend {
@@ -309,8 +371,6 @@ impl Backend for HostBackend {
         phys_offset: usize,
         prot: Protection,
     ) -> Result<()> {
-        // SAFETY: the fd is alive while the semantics layer holds the object.
-        let fd = unsafe { BorrowedFd::borrow_raw(raw.0 as i32) };
         // Fill the page table now (see "What map costs" above). A failure to populate (no
         // memory) is not an error of mmap; the pages then fault in on first touch as usual.
         let populate = if prot == Protection::None {
@@ -318,6 +378,8 @@ impl Backend for HostBackend {
         } else {
             MapFlags::POPULATE
         };
+        // SAFETY: the fd is alive while the semantics layer holds the object.
+        let fd = unsafe { BorrowedFd::borrow_raw(raw.0 as i32) };
         // 2 MiB folios where shmem THP is on and the map can hold one (see [`huge`]).
         let huge = self.huge.thp_maps()
             && prot != Protection::None
@@ -350,6 +412,19 @@ impl Backend for HostBackend {
                 Err(os_error("mmap(MAP_FIXED) of a physical object", e))
             }
         }
+    }
+
+    unsafe fn map_view(
+        &self,
+        addr: usize,
+        size: usize,
+        raw: RawPhysical,
+        phys_offset: usize,
+        prot: Protection,
+    ) -> Result<()> {
+        // No MAP_POPULATE: a view's pages fault in on first touch (see `Backend::map_view`).
+        // SAFETY: forwarded contract.
+        unsafe { map_memfd(addr, size, raw, phys_offset, prot, MapFlags::empty()) }
     }
 
     unsafe fn unmap(&self, addr: usize, size: usize) -> Result<()> {
@@ -500,6 +575,39 @@ fn check_sealed_memfd(fd: BorrowedFd<'_>, need: u64) -> std::result::Result<(), 
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    /// A reservation starts at its alignment whichever way it is made: the exact size where the
+    /// kernel aligns it (any size at the page, 2 MiB multiples up to 2 MiB), else over-allocating
+    /// (64 KiB, 4 MiB alignments; and every alignment once the exact try is off).
+    #[test]
+    fn reservations_are_aligned_on_the_exact_and_the_over_allocating_path() {
+        let page = os_page_size();
+        let cases = [
+            (page, page),
+            (5 * page, page),
+            (PMD, PMD),
+            (3 * PMD, PMD),
+            (PMD, 64 << 10),
+            (64 << 10, 64 << 10),
+            (3 * (64 << 10), 64 << 10),
+            (2 * PMD, 2 * PMD),
+        ];
+        for exact in [true, false] {
+            if !exact {
+                EXACT_ALIGNS.store(false, std::sync::atomic::Ordering::Relaxed);
+            }
+            for (size, align) in cases {
+                for _ in 0..4 {
+                    // SAFETY: a fresh placeholder, released below.
+                    let p = unsafe { reserve_placeholder(None, size, align) }.unwrap();
+                    assert_eq!(p % align, 0, "{size:#x} bytes at {align:#x}: {p:#x}");
+                    // SAFETY: the placeholder just made.
+                    unsafe { rustix::mm::munmap(p as *mut _, size) }.unwrap();
+                }
+            }
+        }
+        EXACT_ALIGNS.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 
     fn memfd(size: u64, seals: SealFlags) -> OwnedFd {
         let fd =

@@ -31,6 +31,10 @@ pub(crate) struct Material {
     pub(crate) sizes: Vec<u64>,
     pub(crate) pieces: Vec<Piece>,
     pub(crate) capacity: Arc<[Arc<Charge>]>,
+    /// The fds are duplicates of an export of this process (made by its own backend from its
+    /// own memory, so already what an open checks): the backend's checks of received fds are
+    /// skipped for them (see `validate`).
+    pub(crate) own: bool,
 }
 
 /// The smallest unit a range handle's pieces are cut in: the finest mapping granularity of the
@@ -44,7 +48,8 @@ pub(crate) fn mapping_granularity(backend: &dyn Backend) -> usize {
         .unwrap_or_else(|| backend.host_page_size())
 }
 
-/// Maps the material into a fresh reservation; returns its base.
+/// Maps the material into a fresh reservation, read-write, its page table filled on first
+/// touch ([`Backend::map_view`]); returns its base.
 pub(crate) fn map_view(backend: &dyn Backend, align: usize, m: Material) -> Result<usize> {
     // SAFETY: a fresh placeholder chosen by the backend; replaces nothing.
     let base = unsafe { backend.reserve(None, m.size, align)? };
@@ -65,7 +70,7 @@ pub(crate) fn map_view(backend: &dyn Backend, align: usize, m: Material) -> Resu
             // SAFETY: [at, at+len) is an unmapped part of our fresh reservation, and the piece
             // lies inside its object (validated).
             let r = unsafe {
-                backend.map(
+                backend.map_view(
                     at,
                     p.len as usize,
                     raws[p.obj as usize],
