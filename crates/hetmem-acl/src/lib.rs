@@ -24,6 +24,35 @@
 //! Modules: [`setup`] (init, devices, contexts, errors), [`memory`] (malloc / free / memset /
 //! memcpy / mem info), [`managed`] (managed memory), [`stream`] (streams and events),
 //! [`vmm`] (virtual memory and shareable handles).
+//!
+//! # The published calls and what this library does with them
+//!
+//! Every function CANN's `acl_rt.h` (1.17) declares in the memory, virtual-memory,
+//! shareable-handle / IPC and managed-memory groups, and the device / context / stream / event
+//! calls the published examples make, is declared in `include/acl/` and exported. "hetmem"
+//! means implemented through hetmem's semantics layer (this crate only translates); "207000"
+//! means declared and answering `ACL_ERROR_RT_FEATURE_NOT_SUPPORT` with a message saying why.
+//! Backends: host and cuda alike unless the row says otherwise (managed memory on the host
+//! backend needs userfaultfd; where it is refused, streams run plain-memory work only and the
+//! host-function rows answer 207000 saying so).
+//!
+//! | group | function | status |
+//! |---|---|---|
+//! | set-up | `aclInit`, `aclFinalize`, `aclrtGetVersion`, `aclGetRecentErrMsg` (read once), `aclrtGetLastError`, `aclrtPeekAtLastError` | hetmem |
+//! | devices, contexts | `aclrtSetDevice`, `aclrtResetDevice`, `aclrtResetDeviceForce`, `aclrtGetDevice`, `aclrtGetDeviceCount`, `aclrtGetRunMode`, `aclrtCreateContext`, `aclrtDestroyContext`, `aclrtSetCurrentContext`, `aclrtGetCurrentContext`, `aclrtDeviceGetBareTgid` | hetmem |
+//! | streams, events | `aclrtCreateStream`, `aclrtDestroyStream`, `aclrtDestroyStreamForce`, `aclrtSynchronizeStream`, `aclrtSynchronizeDevice`, `aclrtCreateEvent`, `aclrtCreateEventWithFlag`, `aclrtCreateEventExWithFlag`, `aclrtDestroyEvent`, `aclrtRecordEvent`, `aclrtStreamWaitEvent`, `aclrtSynchronizeEvent`, `aclrtQueryEventStatus` | hetmem (`ACL_EVENT_IPC`: 207000) |
+//! | stream host work, values | `aclrtLaunchHostFunc`, `aclrtLaunchCallback`, `aclrtValueWrite`, `aclrtValueWait` | hetmem (207000 without managed memory) |
+//! | kernels | `aclrtLaunchKernel` | 207000: hetmem runs no kernels |
+//! | memory | `aclrtMalloc`, `aclrtMallocAlign32`, `aclrtMallocCached`, `aclrtMallocWithCfg`, `aclrtMallocForTaskScheduler`, `aclrtMallocHost`, `aclrtMallocHostWithCfg`, `aclrtFree`, `aclrtFreeHost`, `aclrtFreeWithDevSync`, `aclrtFreeHostWithDevSync`, `aclrtGetMemInfo`, `aclrtMemGetAddressRange`, `aclrtPointerGetAttributes` | hetmem |
+//! | copies, fills | `aclrtMemcpy`, `aclrtMemcpyAsync`, `aclrtMemcpyAsyncWithCondition`, `aclrtMemcpy2d`, `aclrtMemcpy2dAsync`, `aclrtMemcpyBatch`, `aclrtMemcpyBatchV2`, `aclrtMemcpyBatchAsync`, `aclrtMemcpyBatchAsyncV2`, `aclrtMemset`, `aclrtMemsetAsync`, `aclrtMemsetD32`, `aclrtMemsetD32Async` | hetmem (`D32Async` on managed memory with four different bytes: 207000) |
+//! | copies for kernels | `aclrtGetSymbolAddress`, `aclrtGetSymbolSize`, `aclrtMemcpyFromSymbol(Async)`, `aclrtMemcpyToSymbol(Async)`, `aclrtGetMemcpyDescSize`, `aclrtSetMemcpyDesc`, `aclrtMemcpyAsyncWithDesc`, `aclrtMemcpyAsyncWithOffset` | 207000: symbols, descriptors and device-read addresses belong to kernels |
+//! | host registration | `aclrtHostRegister`, `aclrtHostRegisterV2`, `aclrtHostGetDevicePointer`, `aclrtHostUnregister`, `aclrtHostMemMapCapabilities` | hetmem (IOMEMORY: 207000) |
+//! | virtual memory | `aclrtMemGetAllocationGranularity`, `aclrtReserveMemAddress`, `aclrtReleaseMemAddress`, `aclrtMallocPhysical`, `aclrtFreePhysical`, `aclrtMapMem`, `aclrtMemMapNoAccess`, `aclrtUnmapMem`, `aclrtMemSetAccess`, `aclrtMemGetAccess`, `aclrtMemRetainAllocationHandle`, `aclrtMemGetAllocationPropertiesFromHandle` | hetmem (different access per device in one `aclrtMemSetAccess`: 207000) |
+//! | virtual memory, Ascend links | `aclrtReserveMemAddressNoUCMemory`, `aclrtMemP2PMap`, `aclrtMemMapSelectedLink`, `aclrtMemMapSetLink` | 207000: UC memory, peer page tables and link selection are Ascend hardware |
+//! | shareable handles | `aclrtMemExportToShareableHandle(V2)`, `aclrtMemImportFromShareableHandle(V2)`, `aclrtMemSetPidToShareableHandle(V2)` (V2: DEFAULT and FABRIC within one machine) | hetmem |
+//! | IPC by key | `aclrtIpcMemGetExportKey`, `aclrtIpcMemSetImportPid`, `aclrtIpcMemImportByKey`, `aclrtIpcMemClose` | hetmem |
+//! | IPC, other | `aclrtIpcMemSetAttr`, `aclrtIpcMemImportPidInterServer` | 207000: link selection, several machines |
+//! | managed memory | `aclrtMemAllocManaged`, `aclrtMemManagedAdvise`, `aclrtMemManagedPrefetchAsync`, `aclrtMemManagedPrefetchBatchAsync`, `aclrtMemManagedGetAttr`, `aclrtMemManagedGetAttrs` | hetmem (207000 where the platform cannot migrate on faults) |
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -32,11 +61,14 @@ use std::ffi::CString;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub mod access;
+pub mod copy;
 pub mod family;
+pub mod hostreg;
 pub mod ipc;
 pub mod managed;
 pub mod memory;
 pub mod setup;
+pub mod share_v2;
 pub mod state;
 pub mod stream;
 pub mod unsupported;

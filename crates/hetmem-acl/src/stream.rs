@@ -171,6 +171,24 @@ impl AclStream {
         self.plain(|l, signal, wait| l.append_memory_fill(ptr, &[value], count, signal, wait))
     }
 
+    /// Stream-ordered fill of `count` bytes with the repeated `pattern` (`aclrtMemsetD32Async`):
+    /// plain memory through the list's pattern fill; managed memory only when the pattern's
+    /// bytes are all one byte (managed fills take one byte).
+    pub fn fill_pattern(&self, ptr: usize, pattern: &[u8], count: usize) -> Res {
+        if self.ctx.ctx.is_managed(ptr) {
+            if pattern.iter().all(|&b| b == pattern[0]) {
+                return Ok(self.managed()?.memset_async(ptr, pattern[0], count)?);
+            }
+            return Err(hetmem::Error::UnsupportedFeature(
+                "a multi-byte pattern fill of managed memory on a stream: managed stream fills \
+                 take one byte (use aclrtMemsetD32, or device memory)"
+                    .into(),
+            )
+            .into());
+        }
+        self.plain(|l, signal, wait| l.append_memory_fill(ptr, pattern, count, signal, wait))
+    }
+
     /// Signals `ev` when the stream reaches this point.
     fn signal(&self, ev: hetmem::Event) -> Res {
         match &self.engine {

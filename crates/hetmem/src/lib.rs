@@ -75,6 +75,7 @@ pub use api::{ipc, managed, platform, queue, usm, vmm};
 /// The ACL argument rules that are no family's state (size 0, counts, flags, the physical
 /// memory property, reservation alignment and granularity, which free takes which memory).
 pub use semantics::acl;
+pub use semantics::acl_ext;
 pub use semantics::acl_vmm;
 /// Range bookkeeping (sorted non-overlapping ranges with split and merge), used by the
 /// semantics layer; public for its property tests and benchmarks.

@@ -69,6 +69,49 @@ int main(void) {
     EQ(ACL_RT_MEM_ALLOC_GRANULARITY_UNDEF, 0xFFFF);
     EQ(ACL_RT_THREAD_LEVEL, 0);
 
+    /* Structs and constants of the calls beyond the core (acl_rt.h of CANN 1.17). */
+    EQ(sizeof(aclrtMemAccessDesc), 24);
+    EQ(offsetof(aclrtMemAccessDesc, flags), 0);
+    EQ(offsetof(aclrtMemAccessDesc, location), 4);
+    EQ(offsetof(aclrtMemAccessDesc, rsv), 12);
+    EQ(ACL_RT_MEM_ACCESS_FLAGS_NONE, 0); EQ(ACL_RT_MEM_ACCESS_FLAGS_READ, 1);
+    EQ(ACL_RT_MEM_ACCESS_FLAGS_READWRITE, 3);
+    EQ(sizeof(aclrtMallocAttrValue), 8);
+    EQ(sizeof(aclrtMallocAttribute), 12);
+    EQ(offsetof(aclrtMallocAttribute, value), 4);
+    EQ(sizeof(aclrtMallocConfig), 16);
+    EQ(offsetof(aclrtMallocConfig, numAttrs), 8);
+    EQ(ACL_RT_MEM_ATTR_RSV, 0); EQ(ACL_RT_MEM_ATTR_MODULE_ID, 1);
+    EQ(ACL_RT_MEM_ATTR_DEVICE_ID, 2); EQ(ACL_RT_MEM_ATTR_VA_FLAG, 3);
+    EQ(sizeof(aclrtMemcpyBatchAttr), 32);
+    EQ(offsetof(aclrtMemcpyBatchAttr, srcLoc), 8);
+    EQ(offsetof(aclrtMemcpyBatchAttr, rsv), 16);
+    EQ(sizeof(aclrtPtrAttributes), 28);
+    EQ(offsetof(aclrtPtrAttributes, pageSize), 8);
+    EQ(offsetof(aclrtPtrAttributes, rsv), 12);
+    EQ(sizeof(aclrtMemFabricHandle), 128);
+    EQ(sizeof(aclrtServerPid), 24);
+    EQ(offsetof(aclrtServerPid, pid), 8);
+    EQ(offsetof(aclrtServerPid, num), 16);
+    EQ(ACL_MEM_SHARE_HANDLE_TYPE_DEFAULT, 1); EQ(ACL_MEM_SHARE_HANDLE_TYPE_FABRIC, 2);
+    EQ(ACL_HOST_REGISTER_MAPPED, 0); EQ(ACL_HOST_REGISTER_IOMEMORY, 4);
+    EQ(ACL_HOST_REGISTER_READONLY, 8);
+    EQ(ACL_HOST_REG_MAPPED, 0x2); EQ(ACL_HOST_REG_IOMEMORY, 0x4); EQ(ACL_HOST_REG_READONLY, 0x8);
+    EQ(ACL_HOST_REG_PINNED, 0x10000000);
+    EQ(ACL_RT_HAC_TYPE_STARS, 0); EQ(ACL_RT_HAC_TYPE_CCU, 9);
+    EQ(ACL_RT_HOST_MEM_MAP_NOT_SUPPORTED, 0); EQ(ACL_RT_HOST_MEM_MAP_SUPPORTED, 1);
+    EQ(ACL_CALLBACK_NO_BLOCK, 0); EQ(ACL_CALLBACK_BLOCK, 1);
+    EQ(ACL_RT_IPC_MEM_EXPORT_FLAG_DEFAULT, 0); EQ(ACL_RT_IPC_MEM_EXPORT_FLAG_DISABLE_PID_VALIDATION, 1);
+    EQ(ACL_RT_IPC_MEM_IMPORT_FLAG_DEFAULT, 0); EQ(ACL_RT_IPC_MEM_IMPORT_FLAG_ENABLE_PEER_ACCESS, 1);
+    EQ(ACL_RT_IPC_MEM_ATTR_ACCESS_LINK, 0);
+    EQ(ACL_RT_MEM_ACCESS_LINK_SIO, 0); EQ(ACL_RT_MEM_ACCESS_LINK_HCCS, 1);
+    EQ(ACL_RT_MEM_ACCESS_UB_ONE_PORT_PATH, 2); EQ(ACL_RT_MEM_ACCESS_UB_MULTI_PORT_PATH, 3);
+    EQ(ACL_EVENT_SYNC, 0x1); EQ(ACL_EVENT_CAPTURE_STREAM_PROGRESS, 0x2);
+    EQ(ACL_EVENT_TIME_LINE, 0x8); EQ(ACL_EVENT_DEVICE_USE_ONLY, 0x10);
+    EQ(ACL_EVENT_EXTERNAL, 0x20); EQ(ACL_EVENT_IPC, 0x40);
+    EQ(ACL_STREAM_WAIT_VALUE_GEQ, 0); EQ(ACL_STREAM_WAIT_VALUE_EQ, 1);
+    EQ(ACL_STREAM_WAIT_VALUE_AND, 2); EQ(ACL_STREAM_WAIT_VALUE_NOR, 3);
+
     /* Macros. */
     EQ(ACL_RT_MEM_ATTACH_GLOBAL, 1);
     EQ(ACL_RT_VMM_EXPORT_FLAG_DEFAULT, 0); EQ(ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION, 1);

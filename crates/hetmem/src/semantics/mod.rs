@@ -45,6 +45,7 @@
 //! | `usm::calls` | the `zeMem*` calls on a driver (allocations, import, free policies, properties, ranges), taking its locks |
 //! | [`context`] | context creation and teardown (releasing everything a context owns) |
 //! | [`acl`] | ACL argument rules that are no family's state (sizes, counts, flags, properties) |
+//! | [`acl_ext`] | ACL argument rules of the calls beyond the core (2-D / batch copies, 32-bit fills, host registration, value wait, event flags, V2 handle types) |
 //! | [`acl_vmm`] | ACL virtual-memory rules Level Zero lacks: access descriptors, the physical object at an address |
 //!
 //! Every entry point that works on a driver takes `&DriverShared` (or `&Arc<DriverShared>`
@@ -53,6 +54,7 @@
 
 pub(crate) mod access;
 pub mod acl;
+pub mod acl_ext;
 pub mod acl_vmm;
 pub(crate) mod capacity;
 pub(crate) mod checks;
