@@ -214,16 +214,17 @@ pub unsafe extern "C" fn aclrtMemRetainAllocationHandle(
         let c = reservation_ctx(&g, va)?;
         let mem = c.ctx.physical_memory_at(va)?;
         let h = {
-            let reg = g.reg.lock();
-            reg.phys
-                .values()
+            let found = g
+                .reg
+                .lock()
+                .all::<crate::vmm::Phys>()
                 .find(|p| p.mem == mem)
-                .map(|p| p.handle)
-                .ok_or_else(|| {
-                    Fail::from(hetmem::Error::InvalidArgument(format!(
-                        "the physical memory mapped at {va:#x} has no handle of this library"
-                    )))
-                })?
+                .map(|p| p.handle);
+            found.ok_or_else(|| {
+                Fail::from(hetmem::Error::InvalidArgument(format!(
+                    "the physical memory mapped at {va:#x} has no handle of this library"
+                )))
+            })?
         };
         HANDLES
             .lock()

@@ -36,8 +36,7 @@ pub extern "C" fn aclrtDestroyStreamForce(stream: *mut libc::c_void) -> AclError
         let s = g
             .reg
             .lock()
-            .streams
-            .remove(&h)
+            .remove::<crate::stream::AclStream>(h)
             .ok_or_else(|| state::bad_handle("stream", h))?;
         s.discard_queued();
         drop(s);

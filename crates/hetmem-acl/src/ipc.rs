@@ -6,9 +6,10 @@
 //! on an `aclrtMalloc` pointer); an import opens it as a view ([`hetmem::Context::open_ipc_handle`],
 //! Level Zero's `zeMemOpenIpcHandle`), so the importer reads and writes the exporter's bytes.
 //! The key is a NUL-terminated string `hmipc.<exporter pid>.<n>` (at most 32 bytes with the
-//! NUL) naming a file of the exporter, `hetmem-acl-ipckey.<pid>.<n>` beside the shareable-handle
-//! files of [`crate::vmm`] (the same format, the same safety: created fresh, never through a
-//! link, mode 0600, read only when owned by our uid, gone at the exporter's exit). It carries
+//! NUL) naming a record of the exporter, `hetmem-acl-ipckey.<pid>.<n>`, written and read as
+//! the shareable-handle records are ([`hetmem::Driver::acl_write_record`]: the same format, the
+//! same safety: created fresh, never through a link, mode 0600, read only when owned by our
+//! uid, gone at the exporter's exit). It carries
 //! the export flags and the pid list of `aclrtIpcMemSetImportPid`: unless exported with
 //! `ACL_RT_IPC_MEM_EXPORT_FLAG_DISABLE_PID_VALIDATION`, only the exporter and the listed pids
 //! import ([`hetmem::acl_vmm::check_import_pid`]). `aclrtIpcMemClose(key)` in the exporter ends
@@ -16,7 +17,6 @@
 //! valid until closed); in an importer it closes that process's view of the key.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -37,7 +37,7 @@ struct Export {
     ctx: Arc<Ctx>,
     handle: hetmem::IpcHandle,
     flags: u64,
-    path: PathBuf,
+    record: String,
 }
 
 #[derive(Debug)]
@@ -52,8 +52,9 @@ static EXPORTS: Mutex<Option<HashMap<String, Export>>> = Mutex::new(None);
 static IMPORTS: Mutex<Option<HashMap<String, Import>>> = Mutex::new(None);
 static NEXT_KEY: AtomicU32 = AtomicU32::new(1);
 
-fn key_path(pid: u32, n: u32) -> PathBuf {
-    crate::vmm::share_dir().join(format!("hetmem-acl-ipckey.{pid}.{n}"))
+/// The name of the record of key `hmipc.<pid>.<n>`.
+fn key_record(pid: u32, n: u32) -> String {
+    format!("hetmem-acl-ipckey.{pid}.{n}")
 }
 
 /// `(exporter pid, n)` of a key string.
@@ -142,19 +143,18 @@ pub unsafe extern "C" fn aclrtIpcMemGetExportKey(
             .into());
         }
         let h = c.ctx.get_ipc_handle(p)?;
-        let path = key_path(pid, n);
-        if let Err(e) = crate::vmm::write_share_file(&path, flags, &h, &[]) {
+        let record = key_record(pid, n);
+        if let Err(e) = g.rt.driver().acl_write_record(&record, flags, &h, &[]) {
             let _ = c.ctx.put_ipc_handle(&h);
-            return Err(e);
+            return Err(e.into());
         }
-        crate::vmm::track_file(&path);
         EXPORTS.lock().get_or_insert_with(HashMap::new).insert(
             k.clone(),
             Export {
                 ctx: c,
                 handle: h,
                 flags,
-                path,
+                record,
             },
         );
         // SAFETY: `key` has room for `len` >= k.len() + 1 bytes (checked).
@@ -178,7 +178,7 @@ pub unsafe extern "C" fn aclrtIpcMemSetImportPid(
     num: usize,
 ) -> AclError {
     entry("aclrtIpcMemSetImportPid", || {
-        state::fast_global()?;
+        let g = state::fast_global()?;
         // SAFETY: NULL or a NUL-terminated string (the caller's contract).
         let k = unsafe { key_arg(key) }?;
         if pid.is_null() {
@@ -193,7 +193,9 @@ pub unsafe extern "C" fn aclrtIpcMemSetImportPid(
                 "key {k:?} was not exported by this process (or it was closed)"
             )))
         })?;
-        crate::vmm::write_share_file(&e.path, e.flags, &e.handle, pids)
+        Ok(g.rt
+            .driver()
+            .acl_write_record(&e.record, e.flags, &e.handle, pids)?)
     })
 }
 
@@ -229,7 +231,8 @@ pub unsafe extern "C" fn aclrtIpcMemImportByKey(
             .into());
         }
         let (xflags, h, pids) =
-            crate::vmm::read_share_path(&key_path(exporter, n), &format!("key {k:?}"))?;
+            g.rt.driver()
+                .acl_read_record(&key_record(exporter, n), &format!("key {k:?}"))?;
         hetmem::acl_vmm::check_import_pid(
             exporter,
             hetmem::acl_vmm::own_pid(),
@@ -279,7 +282,7 @@ pub unsafe extern "C" fn aclrtIpcMemClose(key: *const libc::c_char) -> AclError 
         let export = EXPORTS.lock().as_mut().and_then(|m| m.remove(&k));
         match export {
             Some(e) => {
-                let _ = std::fs::remove_file(&e.path);
+                e.ctx.ctx.driver().acl_remove_record(&e.record);
                 // A context destroyed meanwhile has put its exports already.
                 let _ = e.ctx.ctx.put_ipc_handle(&e.handle);
                 Ok(())
@@ -311,7 +314,7 @@ pub(crate) fn forget_contexts(handles: Option<&[usize]>) {
         }
     };
     for e in gone {
-        let _ = std::fs::remove_file(&e.path);
+        e.ctx.ctx.driver().acl_remove_record(&e.record);
         let _ = e.ctx.ctx.put_ipc_handle(&e.handle);
     }
     let closed: Vec<Import> = {

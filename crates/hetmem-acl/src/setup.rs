@@ -85,19 +85,19 @@ pub(crate) fn teardown(mut reg: Registry) {
     }
     let handles: Vec<usize> = reg.contexts.keys().copied().collect();
     crate::ipc::forget_contexts(Some(&handles));
-    for h in reg.phys.keys() {
-        crate::access::forget(*h);
+    for p in reg.all::<crate::vmm::Phys>() {
+        crate::access::forget(p.handle);
     }
-    for (_, s) in reg.streams.drain() {
-        let _ = s.synchronize();
+    for o in reg.objects.values() {
+        o.quiesce();
     }
     for (_, c) in reg.contexts.iter() {
         if let Some(s) = c.default_stream.lock().take() {
-            let _ = s.synchronize();
+            s.quiesce();
         }
     }
-    for (_, p) in reg.phys.drain() {
-        p.unexport();
+    for (_, o) in reg.objects.drain() {
+        o.release();
     }
     drop(reg);
 }
@@ -256,35 +256,15 @@ fn remove_context(reg: &mut Registry, h: usize) -> Registry {
     if let Some(c) = reg.contexts.remove(&h) {
         out.contexts.insert(h, c);
     }
-    let streams: Vec<usize> = reg
-        .streams
+    let objects: Vec<usize> = reg
+        .objects
         .iter()
-        .filter(|(_, s)| s.ctx.handle == h)
+        .filter(|(_, o)| o.ctx().handle == h)
         .map(|(&k, _)| k)
         .collect();
-    for k in streams {
-        out.streams
-            .insert(k, reg.streams.remove(&k).expect("listed"));
-    }
-    let events: Vec<usize> = reg
-        .events
-        .iter()
-        .filter(|(_, e)| e.ctx.handle == h)
-        .map(|(&k, _)| k)
-        .collect();
-    for k in events {
-        out.events.insert(k, reg.events.remove(&k).expect("listed"));
-    }
-    let phys: Vec<usize> = reg
-        .phys
-        .iter()
-        .filter(|(_, p)| p.ctx.handle == h)
-        .map(|(&k, _)| k)
-        .collect();
-    for k in phys {
-        let p = reg.phys.remove(&k).expect("listed");
-        reg.shareable.retain(|_, v| *v != k);
-        out.phys.insert(k, p);
+    for k in objects {
+        let o = reg.objects.remove(&k).expect("listed");
+        out.objects.insert(k, o);
     }
     let res: Vec<usize> = reg
         .reservations

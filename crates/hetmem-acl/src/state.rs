@@ -1,6 +1,11 @@
 //! The library's state: the runtime made by `aclInit`, the registry of every handle given to C,
 //! and the per-thread current context.
 //!
+//! The registry files the objects of the modules above it (streams and events of [`crate::stream`],
+//! physical memory handles of [`crate::vmm`]) as [`Object`]s by handle, without naming their
+//! types: each module owns its type and looks its handles up with [`Global::object`], so this
+//! module imports none of them.
+//!
 //! Handles are numbers, unique for the life of the process (a handle is never reused, not even
 //! after `aclFinalize` and a new `aclInit`), looked up in one table per kind: a stale, foreign
 //! or random handle is simply not found (`ACL_ERROR_RT_PARAM_INVALID`). The registry lock is
@@ -8,6 +13,7 @@
 //! blocking call (a stream synchronize waiting for an event another thread records) never holds
 //! up other threads.
 
+use std::any::Any;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -16,8 +22,6 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
-use crate::stream::{AclEvent, AclStream};
-use crate::vmm::Phys;
 use crate::{Fail, Res, ACL_ERROR_RT_CONTEXT_NULL, ACL_ERROR_UNINITIALIZE};
 
 /// A fast hasher for handle keys (unique integers, not attacker-chosen hash-flooding input):
@@ -60,8 +64,8 @@ pub struct Ctx {
     /// Whether this is the default context of its device (made by `aclrtSetDevice`), which
     /// `aclrtDestroyContext` refuses.
     pub default: bool,
-    /// The default stream (`stream == NULL`), made on first use.
-    pub default_stream: Mutex<Option<Arc<AclStream>>>,
+    /// The default stream (`stream == NULL`), made on first use (a [`crate::stream::AclStream`]).
+    pub default_stream: Mutex<Option<Arc<dyn Object>>>,
     /// Cleared when the context is destroyed (its device reset, `aclrtDestroyContext`,
     /// `aclFinalize`): threads holding it as current see that at once.
     pub alive: AtomicBool,
@@ -81,6 +85,26 @@ pub struct Reserved {
     pub r: hetmem::Reservation,
 }
 
+/// An object behind a handle, of a type a module above defines (a stream, an event, a
+/// physical memory handle): the registry files it by handle and tears it down through these
+/// methods, never knowing its type.
+pub trait Object: Any + Send + Sync + std::fmt::Debug {
+    /// The context it was made in.
+    fn ctx(&self) -> &Arc<Ctx>;
+    /// First step of a teardown: waits for its work (a stream synchronizes). Runs for every
+    /// object torn down before any [`Object::release`].
+    fn quiesce(&self) {}
+    /// Second step of a teardown: ends what it shares beyond itself (a physical handle's
+    /// export).
+    fn release(&self) {}
+}
+
+/// `o` as a `T`, if it is one.
+pub fn downcast<T: Object>(o: Arc<dyn Object>) -> Option<Arc<T>> {
+    let any: Arc<dyn Any + Send + Sync> = o;
+    any.downcast::<T>().ok()
+}
+
 /// Every handle the library has given out, by kind.
 #[derive(Debug, Default)]
 pub struct Registry {
@@ -88,18 +112,35 @@ pub struct Registry {
     pub contexts: HashMap<usize, Arc<Ctx>>,
     /// Default context handle and `aclrtSetDevice` count, by device.
     pub defaults: HashMap<u32, (usize, u64)>,
-    /// Streams by handle.
-    pub streams: HashMap<usize, Arc<AclStream>>,
-    /// Events by handle.
-    pub events: HashMap<usize, Arc<AclEvent>>,
-    /// Physical memory handles by handle.
-    pub phys: HashMap<usize, Arc<Phys>>,
+    /// Streams, events and physical memory handles by handle (each handle's kind is in its low
+    /// bits, [`fresh_handle`]); looked up by type with [`Registry::get`].
+    pub objects: HashMap<usize, Arc<dyn Object>>,
     /// Reservations by base address.
     pub reservations: BTreeMap<usize, Reserved>,
     /// Mappings made by `aclrtMapMem`: start -> (size, the context of the physical memory).
     pub mappings: HashMap<usize, (usize, Arc<Ctx>)>,
-    /// Shareable handles exported by this process -> physical handle.
-    pub shareable: HashMap<u64, usize>,
+}
+
+impl Registry {
+    /// The object `h` if it is a `T`.
+    pub fn get<T: Object>(&self, h: usize) -> Option<Arc<T>> {
+        self.objects.get(&h).cloned().and_then(downcast::<T>)
+    }
+
+    /// Takes the object `h` out if it is a `T` (an object of another type stays).
+    pub fn remove<T: Object>(&mut self, h: usize) -> Option<Arc<T>> {
+        let o = self.objects.get(&h)?;
+        let is_t = (o.as_ref() as &dyn Any).is::<T>();
+        if !is_t {
+            return None;
+        }
+        self.objects.remove(&h).and_then(downcast::<T>)
+    }
+
+    /// Every object that is a `T`.
+    pub fn all<T: Object>(&self) -> impl Iterator<Item = Arc<T>> + '_ {
+        self.objects.values().cloned().filter_map(downcast::<T>)
+    }
 }
 
 /// What `aclInit` starts.
@@ -270,45 +311,14 @@ impl Global {
             .ok_or_else(|| bad_handle("context", h))
     }
 
-    /// The stream `h`; `0` (NULL) is the current context's default stream.
+    /// The object `h`, a `T` (`kind` names it in the error).
     ///
-    /// Errors: `InvalidArgument` (107000) for a handle that is not a live stream;
-    /// `ACL_ERROR_RT_CONTEXT_NULL` for NULL without a current context.
-    pub fn stream(&self, h: usize) -> Res<Arc<AclStream>> {
-        if h == 0 {
-            let ctx = self.current()?;
-            return crate::stream::default_stream(self, &ctx);
-        }
+    /// Errors: `InvalidArgument` (107000) for a handle that is not a live `kind`.
+    pub fn object<T: Object>(&self, h: usize, kind: &str) -> Res<Arc<T>> {
         self.reg
             .lock()
-            .streams
-            .get(&h)
-            .cloned()
-            .ok_or_else(|| bad_handle("stream", h))
-    }
-
-    /// The event `h`.
-    ///
-    /// Errors: `InvalidArgument` (107000) for a handle that is not a live event.
-    pub fn event(&self, h: usize) -> Res<Arc<AclEvent>> {
-        self.reg
-            .lock()
-            .events
-            .get(&h)
-            .cloned()
-            .ok_or_else(|| bad_handle("event", h))
-    }
-
-    /// The physical memory handle `h`.
-    ///
-    /// Errors: `InvalidArgument` (107000) for a handle that is not a live physical handle.
-    pub fn phys(&self, h: usize) -> Res<Arc<Phys>> {
-        self.reg
-            .lock()
-            .phys
-            .get(&h)
-            .cloned()
-            .ok_or_else(|| bad_handle("physical memory handle", h))
+            .get::<T>(h)
+            .ok_or_else(|| bad_handle(kind, h))
     }
 }
 

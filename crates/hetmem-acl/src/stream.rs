@@ -54,6 +54,42 @@ pub struct AclEvent {
     latest: Mutex<Option<hetmem::Event>>,
 }
 
+impl state::Object for AclStream {
+    fn ctx(&self) -> &Arc<Ctx> {
+        &self.ctx
+    }
+    fn quiesce(&self) {
+        let _ = self.synchronize();
+    }
+}
+
+impl state::Object for AclEvent {
+    fn ctx(&self) -> &Arc<Ctx> {
+        &self.ctx
+    }
+}
+
+impl Global {
+    /// The stream `h`; `0` (NULL) is the current context's default stream.
+    ///
+    /// Errors: `InvalidArgument` (107000) for a handle that is not a live stream;
+    /// `ACL_ERROR_RT_CONTEXT_NULL` for NULL without a current context.
+    pub fn stream(&self, h: usize) -> Res<Arc<AclStream>> {
+        if h == 0 {
+            let ctx = self.current()?;
+            return default_stream(self, &ctx);
+        }
+        self.object(h, "stream")
+    }
+
+    /// The event `h`.
+    ///
+    /// Errors: `InvalidArgument` (107000) for a handle that is not a live event.
+    pub fn event(&self, h: usize) -> Res<Arc<AclEvent>> {
+        self.object(h, "event")
+    }
+}
+
 impl AclStream {
     /// A stream on `ctx`'s device.
     pub fn new(ctx: &Arc<Ctx>, handle: usize) -> Res<AclStream> {
@@ -215,8 +251,8 @@ impl AclStream {
 /// The default stream of `ctx` (`stream == NULL`), made on first use.
 pub fn default_stream(_g: &Global, ctx: &Arc<Ctx>) -> Res<Arc<AclStream>> {
     let mut d = ctx.default_stream.lock();
-    if let Some(s) = &*d {
-        return Ok(s.clone());
+    if let Some(s) = d.clone().and_then(state::downcast::<AclStream>) {
+        return Ok(s);
     }
     let s = Arc::new(AclStream::new(ctx, 0)?);
     *d = Some(s.clone());
@@ -237,7 +273,7 @@ pub unsafe extern "C" fn aclrtCreateStream(stream: *mut *mut libc::c_void) -> Ac
         let ctx = g.current()?;
         let h = state::fresh_handle(2);
         let s = Arc::new(AclStream::new(&ctx, h)?);
-        g.reg.lock().streams.insert(h, s);
+        g.reg.lock().objects.insert(h, s);
         // SAFETY: non-null out-pointer.
         unsafe { out(stream, h as *mut libc::c_void) };
         Ok(())
@@ -256,8 +292,7 @@ pub extern "C" fn aclrtDestroyStream(stream: *mut libc::c_void) -> AclError {
         let s = g
             .reg
             .lock()
-            .streams
-            .remove(&h)
+            .remove::<AclStream>(h)
             .ok_or_else(|| state::bad_handle("stream", h))?;
         let _ = s.synchronize();
         Ok(())
@@ -290,14 +325,12 @@ pub extern "C" fn aclrtSynchronizeDevice() -> AclError {
         let streams: Vec<Arc<AclStream>> = {
             let reg = g.reg.lock();
             let mut v: Vec<Arc<AclStream>> = reg
-                .streams
-                .values()
+                .all::<AclStream>()
                 .filter(|s| s.ctx.dev.ordinal() == dev)
-                .cloned()
                 .collect();
             for c in reg.contexts.values().filter(|c| c.dev.ordinal() == dev) {
-                if let Some(s) = &*c.default_stream.lock() {
-                    v.push(s.clone());
+                if let Some(s) = c.default_stream.lock().clone().and_then(state::downcast) {
+                    v.push(s);
                 }
             }
             v
@@ -326,7 +359,7 @@ pub unsafe extern "C" fn aclrtCreateEvent(event: *mut *mut libc::c_void) -> AclE
         }
         let ctx = g.current()?;
         let h = state::fresh_handle(3);
-        g.reg.lock().events.insert(
+        g.reg.lock().objects.insert(
             h,
             Arc::new(AclEvent {
                 handle: h,
@@ -349,7 +382,7 @@ pub extern "C" fn aclrtDestroyEvent(event: *mut libc::c_void) -> AclError {
     entry("aclrtDestroyEvent", || {
         let g = state::fast_global()?;
         let h = event as usize;
-        let e = g.reg.lock().events.remove(&h);
+        let e = g.reg.lock().remove::<AclEvent>(h);
         e.map(|_| ()).ok_or_else(|| state::bad_handle("event", h))
     })
 }

@@ -13,28 +13,14 @@
 //! ([`hetmem::acl::check_vmm_size`]).
 //!
 //! # Shareable handles
-//! ACL's shareable handle is a `uint64_t` that another process imports. A hetmem IPC handle is
-//! 64 bytes carrying a secret token, so it cannot travel inside 64 bits: the exporter writes it
-//! (with the export flags and the pid whitelist of `aclrtMemSetPidToShareableHandle`) to a file
-//! of its own, `/dev/shm/hetmem-acl-shareable.<pid>.<n>` (mode 0600, so only processes of the
-//! same user read it; `/tmp` where `/dev/shm` is missing), and the `uint64_t` is `pid << 32 |
-//! n`. The importer reads the file and opens the handle through hetmem's IPC transport (the
-//! exporter's broker checks the token). The file goes with `aclrtFreePhysical` of the exported
-//! handle, `aclrtResetDevice` / `aclrtDestroyContext` of its context, `aclFinalize`, and at the
-//! exporter's exit (`atexit`; a process killed by a signal leaves its files). Unless exported
-//! with `ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION`, only the exporter and the processes
-//! `aclrtMemSetPidToShareableHandle` names may import. The pid list is honoured by this
-//! library's import; it is not a security boundary against another process of the same user
-//! (the file and hetmem's IPC broker admit any process of the exporter's uid, which is the
-//! boundary).
+//! ACL's shareable handle is a `uint64_t` that another process (of the same user) imports; its
+//! rules (one export per handle, the pid whitelist of `aclrtMemSetPidToShareableHandle`, the
+//! export flags) and the record it stands for are hetmem's ([`hetmem::Context::acl_export_shareable`],
+//! `semantics::acl::shareable`). This library ends a handle's export when the handle goes
+//! (`aclrtFreePhysical`, `aclrtResetDevice` / `aclrtDestroyContext` of its context,
+//! `aclFinalize`).
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 
 use crate::state::{self, Ctx, Reserved};
 use crate::{entry, null, out, AclError, Fail, Res};
@@ -75,17 +61,6 @@ impl AclPhysicalMemProp {
 /// `ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION`.
 pub const EXPORT_FLAG_DISABLE_PID_VALIDATION: u64 =
     hetmem::spec::ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION;
-const FILE_MAGIC: &[u8; 8] = b"HMACLSH1";
-
-/// An export of a physical handle: its shareable value, hetmem handle and file.
-#[derive(Debug)]
-struct Export {
-    shareable: u64,
-    handle: hetmem::IpcHandle,
-    flags: u64,
-    path: PathBuf,
-}
-
 /// A physical memory handle (`aclrtDrvMemHandle`).
 #[derive(Debug)]
 pub struct Phys {
@@ -95,47 +70,31 @@ pub struct Phys {
     pub ctx: Arc<Ctx>,
     /// The hetmem physical memory object.
     pub mem: hetmem::PhysicalMemory,
-    export: Mutex<Option<Export>>,
 }
 
-impl Phys {
-    /// Ends the export, if any: the file goes and the hetmem handle is put (importers keep what
-    /// they imported).
-    pub fn unexport(&self) {
-        if let Some(e) = self.export.lock().take() {
-            let _ = std::fs::remove_file(&e.path);
-            LIVE_FILES.lock().retain(|p| *p != e.path);
-            let _ = self.ctx.ctx.put_ipc_handle(&e.handle);
-        }
+impl state::Object for Phys {
+    fn ctx(&self) -> &Arc<Ctx> {
+        &self.ctx
+    }
+    fn release(&self) {
+        self.unexport();
     }
 }
 
-/// Shareable-handle files of this process not yet removed, for [`remove_files_at_exit`].
-static LIVE_FILES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
-
-/// Registered with `atexit(3)` at the first export: a process that exits without freeing its
-/// exported handles (or `aclFinalize`) leaves no file behind. Only files named with this
-/// process's pid go (a forked child that exits leaves its parent's alone).
-extern "C" fn remove_files_at_exit() {
-    let _ = std::panic::catch_unwind(|| {
-        let me = format!(".{}.", std::process::id());
-        if let Some(files) = LIVE_FILES.try_lock() {
-            for p in files.iter() {
-                if p.to_string_lossy().contains(&me) {
-                    let _ = std::fs::remove_file(p);
-                }
-            }
-        }
-    });
+impl state::Global {
+    /// The physical memory handle `h`.
+    ///
+    /// Errors: `InvalidArgument` (107000) for a handle that is not a live physical handle.
+    pub fn phys(&self, h: usize) -> Res<Arc<Phys>> {
+        self.object(h, "physical memory handle")
+    }
 }
 
-pub(crate) fn track_file(path: &std::path::Path) {
-    static REGISTERED: std::sync::Once = std::sync::Once::new();
-    REGISTERED.call_once(|| {
-        // SAFETY: registers a plain extern "C" function with no arguments.
-        unsafe { libc::atexit(remove_files_at_exit) };
-    });
-    LIVE_FILES.lock().push(path.to_path_buf());
+impl Phys {
+    /// Ends the export, if any (importers keep what they imported).
+    pub fn unexport(&self) {
+        self.ctx.ctx.acl_unexport_shareable(self.mem);
+    }
 }
 
 impl Drop for Phys {
@@ -143,125 +102,6 @@ impl Drop for Phys {
         self.unexport();
     }
 }
-
-pub(crate) fn share_dir() -> PathBuf {
-    let shm = PathBuf::from("/dev/shm");
-    if shm.is_dir() {
-        shm
-    } else {
-        std::env::temp_dir()
-    }
-}
-
-fn share_path(shareable: u64) -> PathBuf {
-    share_dir().join(format!(
-        "hetmem-acl-shareable.{}.{}",
-        shareable >> 32,
-        shareable & 0xffff_ffff
-    ))
-}
-
-pub(crate) fn write_share_file(
-    path: &PathBuf,
-    flags: u64,
-    h: &hetmem::IpcHandle,
-    pids: &[i32],
-) -> Res {
-    let mut b = Vec::with_capacity(8 + 8 + 64 + 4 + 4 * pids.len());
-    b.extend_from_slice(FILE_MAGIC);
-    b.extend_from_slice(&flags.to_le_bytes());
-    b.extend_from_slice(h.as_bytes());
-    b.extend_from_slice(&(pids.len() as u32).to_le_bytes());
-    for p in pids {
-        b.extend_from_slice(&p.to_le_bytes());
-    }
-    // Unique per export (the final name is), so concurrent exports never share it.
-    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
-    let io = |e: std::io::Error| -> Fail {
-        hetmem::Error::OutOfHostMemory(format!("writing shareable handle file {tmp:?}: {e}")).into()
-    };
-    // A fresh file of our own, never through a link: O_CREAT | O_EXCL (which refuses any
-    // existing name, a planted symlink included) and O_NOFOLLOW. A stale name from an earlier
-    // process of this pid is unlinked first (unlinking a symlink never touches its target).
-    let open = || {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .mode(0o600)
-            .open(&tmp)
-    };
-    let mut f = match open() {
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            std::fs::remove_file(&tmp).map_err(io)?;
-            open().map_err(io)?
-        }
-        r => r.map_err(io)?,
-    };
-    f.write_all(&b).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)?;
-    Ok(())
-}
-
-/// `(flags, handle, pids)` of a shareable handle's file.
-fn read_share_file(shareable: u64) -> Res<(u64, hetmem::IpcHandle, Vec<i32>)> {
-    read_share_path(
-        &share_path(shareable),
-        &format!("shareable handle {shareable:#x}"),
-    )
-}
-
-/// `(flags, handle, pids)` of the file at `path` (written by [`write_share_file`]), for the
-/// import of `what`.
-pub(crate) fn read_share_path(
-    path: &PathBuf,
-    what: &str,
-) -> Res<(u64, hetmem::IpcHandle, Vec<i32>)> {
-    let bad = |why: String| -> Fail {
-        hetmem::Error::InvalidArgument(format!("{what} cannot be imported: {why}")).into()
-    };
-    // Never through a link, and only a file of our own user (the IPC broker serves our uid only).
-    let read = || -> std::io::Result<Vec<u8>> {
-        use std::io::Read;
-        use std::os::unix::fs::MetadataExt;
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)?;
-        // SAFETY: geteuid has no preconditions.
-        let me = unsafe { libc::geteuid() };
-        if f.metadata()?.uid() != me {
-            return Err(std::io::Error::other(format!(
-                "the file belongs to another user, not uid {me}"
-            )));
-        }
-        let mut b = Vec::new();
-        f.read_to_end(&mut b)?;
-        Ok(b)
-    };
-    let b = read().map_err(|e| {
-        bad(format!(
-            "{path:?}: {e} (not exported, or its physical memory was freed)"
-        ))
-    })?;
-    if b.len() < 84 || &b[..8] != FILE_MAGIC {
-        return Err(bad(format!("{path:?} is not a shareable handle file")));
-    }
-    let flags = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
-    let mut raw = [0u8; 64];
-    raw.copy_from_slice(&b[16..80]);
-    let n = u32::from_le_bytes(b[80..84].try_into().expect("4 bytes")) as usize;
-    if b.len() != 84 + 4 * n {
-        return Err(bad(format!("{path:?} is truncated")));
-    }
-    let pids = b[84..]
-        .chunks(4)
-        .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
-        .collect();
-    Ok((flags, hetmem::IpcHandle::from_bytes(raw), pids))
-}
-
-static NEXT_SHAREABLE: AtomicU32 = AtomicU32::new(1);
 
 /// Decodes `prop` ([`hetmem::acl::check_physical_prop`]) and looks up its device (DEVICE
 /// location; `None` for HOST).
@@ -440,13 +280,12 @@ pub unsafe extern "C" fn aclrtMallocPhysical(
 
 fn register(g: &state::Global, ctx: Arc<Ctx>, mem: hetmem::PhysicalMemory) -> usize {
     let h = state::fresh_handle(4);
-    g.reg.lock().phys.insert(
+    g.reg.lock().objects.insert(
         h,
         Arc::new(Phys {
             handle: h,
             ctx,
             mem,
-            export: Mutex::new(None),
         }),
     );
     h
@@ -468,10 +307,7 @@ pub extern "C" fn aclrtFreePhysical(handle: *mut libc::c_void) -> AclError {
         }
         p.ctx.ctx.destroy_physical_memory(p.mem)?;
         crate::access::forget(h);
-        let mut reg = g.reg.lock();
-        reg.phys.remove(&h);
-        reg.shareable.retain(|_, v| *v != h);
-        drop(reg);
+        g.reg.lock().remove::<Phys>(h);
         p.unexport();
         Ok(())
     })
@@ -526,8 +362,7 @@ pub(crate) fn map_mem(
         let mut reg = g.reg.lock();
         let h = handle as usize;
         let p = reg
-            .phys
-            .get(&h)
+            .get::<Phys>(h)
             .ok_or_else(|| state::bad_handle("physical memory handle", h))?;
         let gran = p.ctx.ctx.acl_granularity(&p.ctx.dev)?;
         hetmem::acl::check_vmm_size(size, gran)?;
@@ -587,33 +422,7 @@ pub unsafe extern "C" fn aclrtMemExportToShareableHandle(
         }
         let p = g.phys(handle as usize)?;
         hetmem::spec::MemHandleType::from_raw(handle_type)?;
-        hetmem::acl::check_export_flags(flags)?;
-        let mut ex = p.export.lock();
-        if let Some(e) = &*ex {
-            return Err(hetmem::Error::InvalidArgument(format!(
-                "physical handle {:#x} is already exported as {:#x} (one shareable handle per \
-                 handle)",
-                p.handle, e.shareable
-            ))
-            .into());
-        }
-        let h = p.ctx.ctx.get_physical_memory_ipc_handle(p.mem, None)?;
-        let s = (std::process::id() as u64) << 32
-            | NEXT_SHAREABLE.fetch_add(1, Ordering::Relaxed) as u64;
-        let path = share_path(s);
-        if let Err(e) = write_share_file(&path, flags, &h, &[]) {
-            let _ = p.ctx.ctx.put_ipc_handle(&h);
-            return Err(e);
-        }
-        track_file(&path);
-        *ex = Some(Export {
-            shareable: s,
-            handle: h,
-            flags,
-            path,
-        });
-        drop(ex);
-        g.reg.lock().shareable.insert(s, p.handle);
+        let s = p.ctx.ctx.acl_export_shareable(p.mem, flags)?;
         // SAFETY: non-null out-pointer.
         unsafe { out(shareable, s) };
         Ok(())
@@ -638,22 +447,9 @@ pub unsafe extern "C" fn aclrtMemSetPidToShareableHandle(
             return Err(null("pid"));
         }
         hetmem::acl::check_pid_count(pid_num)?;
-        let h = g.reg.lock().shareable.get(&shareable).copied();
-        let p = h.and_then(|h| g.phys(h).ok()).ok_or_else(|| {
-            Fail::from(hetmem::Error::InvalidArgument(format!(
-                "shareable handle {shareable:#x} was not exported by this process (or its \
-                 export ended)"
-            )))
-        })?;
-        // SAFETY: an array of `pid_num` pids (the caller's contract).
+        // SAFETY: an array of `pid_num` pids (the caller's contract; the count is checked).
         let pids = unsafe { std::slice::from_raw_parts(pid, pid_num) };
-        let ex = p.export.lock();
-        let e = ex.as_ref().ok_or_else(|| {
-            Fail::from(hetmem::Error::InvalidArgument(format!(
-                "shareable handle {shareable:#x}'s export ended"
-            )))
-        })?;
-        write_share_file(&e.path, e.flags, &e.handle, pids)
+        Ok(g.rt.driver().acl_set_shareable_pids(shareable, pids)?)
     })
 }
 
@@ -678,19 +474,7 @@ pub unsafe extern "C" fn aclrtMemImportFromShareableHandle(
         }
         let dev = g.device(device_id as i64)?;
         let c = g.current()?;
-        let (flags, h, pids) = read_share_file(shareable)?;
-        let me = std::process::id();
-        if flags & EXPORT_FLAG_DISABLE_PID_VALIDATION == 0
-            && (shareable >> 32) as u32 != me
-            && !pids.contains(&(me as i32))
-        {
-            return Err(hetmem::Error::InvalidArgument(format!(
-                "process {me} is not on the pid list of shareable handle {shareable:#x} \
-                 (aclrtMemSetPidToShareableHandle names {pids:?})"
-            ))
-            .into());
-        }
-        let mem = c.ctx.import_physical_memory(&h, &dev)?;
+        let mem = c.ctx.acl_import_shareable(shareable, &dev)?;
         let ph = register(&g, c, mem);
         crate::access::remember_prop(ph, AclPhysicalMemProp::imported(device_id as u32));
         // SAFETY: non-null out-pointer.

@@ -54,12 +54,10 @@ fn hetmem_objects() -> (usize, usize, usize, usize) {
     let usm = g.rt.driver().usm_stats();
     let reg = g.reg.lock();
     let handles = reg.contexts.len()
-        + reg.streams.len()
-        + reg.events.len()
-        + reg.phys.len()
+        + reg.objects.len()
         + reg.reservations.len()
         + reg.mappings.len()
-        + reg.shareable.len();
+        + hetmem::acl::live_shareable_exports();
     (
         vm.reservations,
         vm.physical_objects,

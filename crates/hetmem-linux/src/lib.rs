@@ -1,11 +1,15 @@
 //! The Linux platform layer below hetmem's backends: what every backend running on Linux
 //! shares (the host backend and the cuda backend alike): machine facts, NUMA,
-//! `/proc/self/maps`, errno translation, and the IPC transport ([`broker`]: the per-process
-//! broker socket and `SCM_RIGHTS`). One small function per syscall or file read, each naming
+//! `/proc/self/maps`, errno translation, the IPC transport ([`broker`]: the per-process
+//! broker socket and `SCM_RIGHTS`), the streaming copy of the host's copy engine
+//! ([`copy::stream_copy`]), and small named records other processes of the user read
+//! ([`records`]). One small function per syscall or file read, each naming
 //! it (rustix-style); no policy, and nothing of the specs. hetmem's backends call it and turn
 //! its answers into their own types (`hetmem::backend`).
 
 pub mod broker;
+pub mod copy;
+pub mod records;
 
 pub use rustix::io::Errno;
 
@@ -147,6 +151,18 @@ pub fn numa_nodes() -> Vec<u32> {
         v.push(0);
     }
     v
+}
+
+/// Nanoseconds of the system's monotonic clock (`clock_gettime(2)`, `CLOCK_MONOTONIC`): the
+/// host timestamp of `zeDeviceGetGlobalTimestamps`. Never fails.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The NUMA node of the CPU the calling thread runs on (`getcpu(2)`); 0 if unknown. What

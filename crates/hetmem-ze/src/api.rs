@@ -4,7 +4,7 @@
 
 #![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
 
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 
 use hetmem::{
@@ -340,32 +340,6 @@ pub unsafe extern "C" fn zeDriverGetExtensionProperties(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn zeDriverGetExtensionFunctionAddress(
-    hDriver: H,
-    name: *const c_char,
-    ppFunctionAddress: *mut *mut c_void,
-) -> ze_result_t {
-    guard(|| {
-        rt::driver(hDriver)?;
-        if name.is_null() {
-            return Err(null_ptr("name"));
-        }
-        let pp = out(ppFunctionAddress, "ppFunctionAddress")?;
-        let n = CStr::from_ptr(name).to_string_lossy();
-        match crate::ddi::implemented_function(&n) {
-            Some(f) => {
-                *pp = f as *mut c_void;
-                OK
-            }
-            None => Err(fail(
-                ZE_RESULT_ERROR_INVALID_ARGUMENT,
-                format!("{n:?} is not a function this driver implements"),
-            )),
-        }
-    })
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn zeDriverGetLastErrorDescription(
     hDriver: H,
     ppString: *mut *const c_char,
@@ -652,21 +626,6 @@ pub unsafe extern "C" fn zeDeviceGetStatus(hDevice: H) -> ze_result_t {
     })
 }
 
-fn monotonic_ns() -> u64 {
-    let t = rustix_now();
-    t.0 * 1_000_000_000 + t.1
-}
-
-fn rustix_now() -> (u64, u64) {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64, ts.tv_nsec as u64)
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn zeDeviceGetGlobalTimestamps(
     hDevice: H,
@@ -678,7 +637,7 @@ pub unsafe extern "C" fn zeDeviceGetGlobalTimestamps(
         let h = out(hostTimestamp, "hostTimestamp")?;
         let d = out(deviceTimestamp, "deviceTimestamp")?;
         // One clock: the device timer is the host's CLOCK_MONOTONIC, in ns (timerResolution 1).
-        let now = monotonic_ns();
+        let now = hetmem::platform::monotonic_ns();
         *h = now;
         *d = now;
         OK

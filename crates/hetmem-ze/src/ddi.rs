@@ -12,7 +12,9 @@
 //! `ZE_RESULT_ERROR_INVALID_NULL_POINTER`.
 //!
 //! Every slot is filled: implemented functions ([`crate::api`]) or a stub that answers
-//! `ZE_RESULT_ERROR_UNSUPPORTED_FEATURE`. Every function is also exported under its own name,
+//! `ZE_RESULT_ERROR_UNSUPPORTED_FEATURE`. The tables are built here from the API module's
+//! functions; the API module never names this one (`zeDriverGetExtensionFunctionAddress`, the
+//! one entry point that reads the tables, is here). Every function is also exported under its own name,
 //! so that a program can link `-lze_hetmem` directly.
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
@@ -351,6 +353,46 @@ pub fn implemented_function(name: &str) -> Option<ze_pfn_t> {
         .flat_map(|(_, s)| s)
         .find(|(n, _, _)| *n == name)
         .map(|(_, _, f)| f)
+}
+
+/// `zeDriverGetExtensionFunctionAddress`: the address of implemented function `name`, looked
+/// up in the tables above (an extension function is in a table like any other).
+///
+/// Errors: `ZE_RESULT_ERROR_INVALID_NULL_POINTER` for a null `name` or `ppFunctionAddress`;
+/// `ZE_RESULT_ERROR_INVALID_ARGUMENT` for a name this driver does not implement.
+#[no_mangle]
+pub unsafe extern "C" fn zeDriverGetExtensionFunctionAddress(
+    hDriver: *mut c_void,
+    name: *const std::ffi::c_char,
+    ppFunctionAddress: *mut *mut c_void,
+) -> ze_result_t {
+    use crate::rt::{driver, fail, guard};
+    guard(|| {
+        driver(hDriver)?;
+        let null = |what: &str| {
+            fail(
+                ZE_RESULT_ERROR_INVALID_NULL_POINTER,
+                format!("{what} is null"),
+            )
+        };
+        if name.is_null() {
+            return Err(null("name"));
+        }
+        let pp = ppFunctionAddress
+            .as_mut()
+            .ok_or_else(|| null("ppFunctionAddress"))?;
+        let n = std::ffi::CStr::from_ptr(name).to_string_lossy();
+        match implemented_function(&n) {
+            Some(f) => {
+                *pp = f as *mut c_void;
+                Ok(ZE_RESULT_SUCCESS)
+            }
+            None => Err(fail(
+                ZE_RESULT_ERROR_INVALID_ARGUMENT,
+                format!("{n:?} is not a function this driver implements"),
+            )),
+        }
+    })
 }
 
 /// Names of every implemented function, in table order.

@@ -10,7 +10,7 @@
 //!
 //! ```text
 //! api/        the safe front: Runtime, Driver, Device, Context, and one public module per family
-//!             (vmm, usm, queue, ipc, managed, platform) with its types and the thin
+//!             (vmm, usm, queue, ipc, managed, acl, platform) with its types and the thin
 //!             `impl Context` of its calls. The C ABI crates (hetmem-ze, hetmem-acl) sit here.
 //! spec.rs     every spec enumeration, flag set and structure-type constant with its decoder
 //!             (what a C ABI turns descriptors and pNext chains into)
@@ -71,10 +71,7 @@ mod semantics;
 pub mod spec;
 
 // The public module of each family (its types, and the `impl Context` methods of its calls).
-pub use api::{ipc, managed, platform, queue, usm, vmm};
-/// The ACL argument rules that are no family's state (size 0, counts, flags, the physical
-/// memory property, reservation alignment and granularity, which free takes which memory).
-pub use semantics::acl;
+pub use api::{acl, ipc, managed, platform, queue, usm, vmm};
 pub use semantics::acl_ext;
 pub use semantics::acl_vmm;
 /// Range bookkeeping (sorted non-overlapping ranges with split and merge), used by the

@@ -196,7 +196,7 @@ fn pass(args: &Args, huge: bool) -> Result<Vec<Row>, String> {
         let t = Instant::now();
         for o in (0..SIZE).step_by(PAGE) {
             // SAFETY: both buffers are ours, page-aligned and SIZE long; they do not overlap.
-            unsafe { hetmem::platform::stream_copy(dst.0 + o, src.0 + o, PAGE) };
+            unsafe { hetmem_linux::copy::stream_copy(dst.0 + o, src.0 + o, PAGE) };
         }
         rows[4].0.push(t.elapsed().as_secs_f64());
     }

@@ -4,6 +4,7 @@
 //! is a thin translation onto the semantics layer (`crate::semantics`), where every rule lives;
 //! the C ABI crates (`hetmem-ze`, `hetmem-acl`) sit on this API.
 
+pub mod acl;
 mod acl_vmm;
 pub mod ipc;
 pub mod managed;

@@ -37,13 +37,8 @@ pub fn current_numa_node() -> u32 {
     crate::backend::current_numa_node()
 }
 
-/// Copies `len` bytes from `src` to `dst` as the host backend's copy engine migrates a managed
-/// page: non-temporal (streaming) stores when `dst` is 16-byte aligned and `len` a multiple of
-/// 64 on x86_64, `memcpy` otherwise. A raw baseline for benchmarks.
-///
-/// # Safety
-/// `src` is readable and `dst` writable for `len` bytes, and they do not overlap.
-pub unsafe fn stream_copy(dst: usize, src: usize, len: usize) {
-    // SAFETY: the caller's contract is the routine's.
-    unsafe { crate::backend::stream_copy(dst, src, len) }
+/// Nanoseconds of the machine's monotonic clock (`CLOCK_MONOTONIC`): the host timestamp of
+/// `zeDeviceGetGlobalTimestamps` (every device's timestamp is the host's here). Never fails.
+pub fn monotonic_ns() -> u64 {
+    crate::backend::monotonic_ns()
 }

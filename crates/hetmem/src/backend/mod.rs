@@ -61,10 +61,9 @@ pub(crate) fn create_cuda() -> std::result::Result<Box<dyn Backend>, String> {
 pub use hetmem_linux::PlatformFacts;
 
 // The platform's facts and helpers, from the one platform this build has (Linux): see each
-// function's docs in `host`.
-pub(crate) use host::stream_copy;
+// function's docs in `platform`.
 pub(crate) use platform::{
-    current_numa_node, mapping_count, numa_nodes, open_fd_count, platform_facts,
+    current_numa_node, mapping_count, monotonic_ns, numa_nodes, open_fd_count, platform_facts,
 };
 
 /// A device as the backend sees it. All sizes in bytes.
@@ -572,5 +571,29 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// A close-on-exec duplicate of a shareable handle. CUDA and host: `fcntl(F_DUPFD_CLOEXEC)`.
     fn dup_shareable(&self, fd: BorrowedFd<'_>) -> Result<OwnedFd> {
         platform::dup(fd, "a shareable handle")
+    }
+
+    /// Writes `bytes` as this process's record `name` (replacing one of that name at once),
+    /// which processes of the same user read with [`Backend::read_record`]; it lasts until
+    /// [`Backend::remove_record`] or this process's exit. Used for ACL shareable handles.
+    ///
+    /// CUDA and host: a file `/dev/shm/<name>` (`/tmp` without `/dev/shm`), mode 0600, made
+    /// fresh (`O_CREAT | O_EXCL | O_NOFOLLOW`) under `<name>.tmp` and `rename(2)`d; removed at
+    /// exit by an `atexit(3)` handler. A failure is `OutOfHostMemory` naming the file.
+    fn write_record(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        platform::write_record(name, bytes)
+    }
+
+    /// The bytes of record `name` (written by any process of our user); `Err` says why it cannot
+    /// be read (none, another user's, unreadable). CUDA and host: `open(O_NOFOLLOW)`, `fstat`,
+    /// `read`.
+    fn read_record(&self, name: &str) -> std::result::Result<Vec<u8>, String> {
+        platform::read_record(name)
+    }
+
+    /// Removes record `name` of this process (nothing if there is none). CUDA and host:
+    /// `unlink(2)`.
+    fn remove_record(&self, name: &str) {
+        platform::remove_record(name)
     }
 }

@@ -10,8 +10,8 @@ use super::{HalError, Protection, Result};
 
 pub(crate) use hetmem_linux::broker::broker_name;
 pub(crate) use hetmem_linux::{
-    current_numa_node, mapping_count, numa_nodes, open_fd_count, os_page_size, platform_facts,
-    raise_fd_limit, total_ram, Errno,
+    current_numa_node, mapping_count, monotonic_ns, numa_nodes, open_fd_count, os_page_size,
+    platform_facts, raise_fd_limit, total_ram, Errno,
 };
 
 impl From<hetmem_linux::OsError> for HalError {
@@ -96,6 +96,23 @@ pub(crate) fn char_device_major(fd: BorrowedFd<'_>) -> std::result::Result<Optio
 /// A close-on-exec duplicate of `fd` (`fcntl(F_DUPFD_CLOEXEC)`); `what` names it in errors.
 pub(crate) fn dup(fd: BorrowedFd<'_>, what: &str) -> Result<OwnedFd> {
     Ok(hetmem_linux::dup(fd, what)?)
+}
+
+/// [`crate::backend::Backend::write_record`] on Linux ([`hetmem_linux::records::write`]); a
+/// failure is `OutOfHostMemory` naming the file (the space of `/dev/shm` is host memory).
+pub(crate) fn write_record(name: &str, bytes: &[u8]) -> Result<()> {
+    hetmem_linux::records::write(name, bytes)
+        .map_err(|e| HalError::OutOfHostMemory(format!("writing {e}")))
+}
+
+/// [`crate::backend::Backend::read_record`] on Linux ([`hetmem_linux::records::read`]).
+pub(crate) fn read_record(name: &str) -> std::result::Result<Vec<u8>, String> {
+    hetmem_linux::records::read(name)
+}
+
+/// [`crate::backend::Backend::remove_record`] on Linux ([`hetmem_linux::records::remove`]).
+pub(crate) fn remove_record(name: &str) {
+    hetmem_linux::records::remove(name)
 }
 
 #[cfg(test)]

@@ -41,8 +41,6 @@ pub(crate) mod managed;
 mod managed_ops;
 mod residency;
 
-pub(crate) use managed::stream_copy;
-
 // The Linux platform layer shared with every backend on Linux.
 pub(crate) use super::platform::{
     current_numa_node, numa_nodes, os_error, os_page_size, raise_fd_limit,

@@ -4,7 +4,10 @@
 //! reservation alignment, the free of the right kind of memory and the location an advice
 //! reads. The C library (`hetmem-acl`) calls these and nothing else decides, so a Rust caller
 //! and a C caller get the same answer for the same arguments. Enumerations are decoded in
-//! [`crate::spec`].
+//! [`crate::spec`]. The rules of ACL shareable handles (one export per object, the pid
+//! whitelist) and this process's exports are in [`shareable`].
+
+pub(crate) mod shareable;
 
 use crate::error::{Addr, Error, Result};
 use crate::spec::{
