@@ -31,7 +31,7 @@ pub unsafe extern "C" fn aclInit(config_path: *const libc::c_char) -> AclError {
             // SAFETY: a NUL-terminated string (the caller's contract).
             let p = unsafe { std::ffi::CStr::from_ptr(config_path) }.to_string_lossy();
             if !p.is_empty() {
-                std::fs::File::open(&*p).map_err(|e| {
+                hetmem::platform::check_readable(&p).map_err(|e| {
                     Fail::new(
                         crate::ACL_ERROR_INVALID_FILE,
                         format!("configuration file {p:?} cannot be read: {e}"),

@@ -165,6 +165,14 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// Whether the file at `path` can be opened for reading (`open(2)`, closed at once); `Err` is
+/// the OS's reason.
+pub fn check_readable(path: &str) -> Result<(), String> {
+    std::fs::File::open(path)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
 /// The NUMA node of the CPU the calling thread runs on (`getcpu(2)`); 0 if unknown. What
 /// `ACL_MEM_LOCATIONTYPE_HOST_NUMA_CURRENT` resolves to when a call is made. Never fails.
 pub fn current_numa_node() -> u32 {

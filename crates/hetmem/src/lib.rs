@@ -36,8 +36,9 @@
 //! backend/platform.rs  the Linux platform layer in the backend's terms (errors, protections).
 //! hetmem-linux (its own crate, below every backend): what both backends share on Linux, one
 //!             wrapper per syscall or file read: machine facts, NUMA, /proc/self/maps, errno
-//!             classification, the SCM_RIGHTS broker. It and the two backend folders are the
-//!             only places that make OS or driver calls.
+//!             classification, the SCM_RIGHTS broker, the /dev/shm records of ACL shareable
+//!             handles, the copy engine's streaming copy. It and the two backend folders are the
+//!             only places that make OS or driver calls; only `backend/` names it or `std::os`.
 //! ```
 //!
 //! Why this cut: it is wgpu's (`wgpu` / `wgpu-core` / `wgpu-hal`). The semantics layer must give

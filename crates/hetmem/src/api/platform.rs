@@ -42,3 +42,9 @@ pub fn current_numa_node() -> u32 {
 pub fn monotonic_ns() -> u64 {
     crate::backend::monotonic_ns()
 }
+
+/// Whether the file at `path` can be opened for reading (`aclInit`'s configuration file, whose
+/// contents are not used); `Err` is the OS's reason. Changes nothing.
+pub fn check_readable(path: &str) -> std::result::Result<(), String> {
+    crate::backend::check_readable(path)
+}

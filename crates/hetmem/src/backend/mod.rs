@@ -63,7 +63,8 @@ pub use hetmem_linux::PlatformFacts;
 // The platform's facts and helpers, from the one platform this build has (Linux): see each
 // function's docs in `platform`.
 pub(crate) use platform::{
-    current_numa_node, mapping_count, monotonic_ns, numa_nodes, open_fd_count, platform_facts,
+    check_readable, current_numa_node, mapping_count, monotonic_ns, numa_nodes, open_fd_count,
+    platform_facts,
 };
 
 /// A device as the backend sees it. All sizes in bytes.
