@@ -33,15 +33,7 @@ impl Context {
     /// object already exported, or the errors of [`Context::get_physical_memory_ipc_handle`];
     /// `OutOfHostMemory` if its record cannot be written. Nothing changes on error.
     pub fn acl_export_shareable(&self, mem: PhysicalMemory, flags: u64) -> Result<u64> {
-        shareable::export(
-            self.d(),
-            mem,
-            flags,
-            || self.get_physical_memory_ipc_handle(mem, None),
-            |h| {
-                let _ = self.put_ipc_handle(h);
-            },
-        )
+        shareable::export(self.d(), self.id(), mem, flags)
     }
 
     /// `aclrtMemImportFromShareableHandle`: the physical memory behind `shareable` (exported by
@@ -53,18 +45,19 @@ impl Context {
     /// ended, a calling process not on the exporter's pid list, or an exporter that is gone;
     /// the errors of [`Context::import_physical_memory`].
     pub fn acl_import_shareable(&self, shareable: u64, device: &Device) -> Result<PhysicalMemory> {
-        shareable::import(self.d(), shareable, |h| {
-            self.import_physical_memory(h, device)
-        })
+        shareable::import(
+            self.d(),
+            self.id(),
+            shareable,
+            (&device.shared, device.ordinal()),
+        )
     }
 
     /// Ends the export of `mem` made by [`Context::acl_export_shareable`], if any: its record
     /// goes and its IPC handle is put (importers keep what they imported). Never fails; nothing
     /// happens for an object that is not exported.
     pub fn acl_unexport_shareable(&self, mem: PhysicalMemory) {
-        shareable::unexport(self.d(), mem, |h| {
-            let _ = self.put_ipc_handle(h);
-        })
+        shareable::unexport(self.d(), self.id(), mem)
     }
 }
 

@@ -33,7 +33,9 @@ use parking_lot::Mutex;
 use crate::error::{Error, Result};
 use crate::semantics::acl::{check_export_flags, check_pid_count};
 use crate::semantics::driver::DriverShared;
-use crate::semantics::ipc::IpcHandle;
+use crate::semantics::ipc::export::physical as export_physical;
+use crate::semantics::ipc::format::IpcHandle;
+use crate::semantics::ipc::import::{import_physical, put};
 use crate::semantics::vmm::PhysicalMemory;
 use crate::spec::ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION;
 
@@ -163,21 +165,21 @@ fn write(
     write_record(d, &record_name(shareable), flags, handle, pids)
 }
 
-/// `aclrtMemExportToShareableHandle`: exports physical memory object `mem` (whose IPC handle
-/// `ipc_handle` makes; `put_handle` releases it if the export fails) as a shareable value
-/// (`pid << 32 | n`), with `flags` `ACL_RT_VMM_EXPORT_FLAG_DEFAULT` (0) or
-/// `DISABLE_PID_VALIDATION` (1) and an empty pid list.
+/// `aclrtMemExportToShareableHandle`: exports physical memory object `mem` of context
+/// `context` (its IPC handle made by `zeMemGetIpcHandle`'s rules for physical memory,
+/// [`crate::semantics::ipc::export::physical`]) as a shareable value (`pid << 32 | n`), with
+/// `flags` `ACL_RT_VMM_EXPORT_FLAG_DEFAULT` (0) or `DISABLE_PID_VALIDATION` (1) and an empty
+/// pid list.
 ///
 /// Errors: `InvalidEnumeration` (100000) for other flags ([`check_export_flags`]);
 /// `InvalidArgument` (107000) for an object already exported (one shareable handle per
-/// object), naming the value it has; `OutOfHostMemory` if the record cannot be written; the
-/// errors of `ipc_handle`. Nothing changes on error.
+/// object), naming the value it has, or not of this context; `OutOfHostMemory` if the record
+/// cannot be written. Nothing changes on error.
 pub(crate) fn export(
     d: &DriverShared,
+    context: u64,
     mem: PhysicalMemory,
     flags: u64,
-    ipc_handle: impl FnOnce() -> Result<IpcHandle>,
-    put_handle: impl FnOnce(&IpcHandle),
 ) -> Result<u64> {
     check_export_flags(flags)?;
     let mut ex = EXPORTS.lock();
@@ -188,10 +190,10 @@ pub(crate) fn export(
             mem.id
         )));
     }
-    let handle = ipc_handle()?;
+    let handle = export_physical(d, context, mem.id, None)?;
     let s = (std::process::id() as u64) << 32 | NEXT.fetch_add(1, Ordering::Relaxed) as u64;
     if let Err(e) = write(d, s, flags, &handle, &[]) {
-        put_handle(&handle);
+        let _ = put(context, &handle);
         return Err(e);
     }
     ex.by_mem.insert(mem.id, s);
@@ -224,17 +226,19 @@ pub(crate) fn set_pids(d: &DriverShared, shareable: u64, pids: &[i32]) -> Result
     write(d, shareable, e.flags, &e.handle, pids)
 }
 
-/// `aclrtMemImportFromShareableHandle`: imports (with `import_physical`) the IPC handle behind
-/// `shareable`, once the calling process is found allowed to (the exporter itself, a process on
-/// its pid list, or anyone for an export without pid validation).
+/// `aclrtMemImportFromShareableHandle`: the physical memory behind `shareable` as an object of
+/// context `context` on `device` ([`crate::semantics::ipc::import::import_physical`]), once the
+/// calling process is found allowed to import it (the exporter itself, a process on its pid
+/// list, or anyone for an export without pid validation).
 ///
 /// Errors: `InvalidArgument` (107000) for a value whose record cannot be read (never exported,
 /// its export ended, another user's) or is malformed, or a process not on the pid list; the
-/// errors of `import_physical`.
+/// errors of the physical import.
 pub(crate) fn import(
     d: &DriverShared,
+    context: u64,
     shareable: u64,
-    import_physical: impl FnOnce(&IpcHandle) -> Result<PhysicalMemory>,
+    device: (&DriverShared, u32),
 ) -> Result<PhysicalMemory> {
     let (flags, handle, pids) = read_record(
         d,
@@ -251,12 +255,12 @@ pub(crate) fn import(
              (aclrtMemSetPidToShareableHandle names {pids:?})"
         )));
     }
-    import_physical(&handle)
+    import_physical(d, context, &handle, device)
 }
 
-/// Ends the export of `mem`, if any: its record goes and `put_handle` releases its IPC handle
-/// (importers keep what they imported). Never fails.
-pub(crate) fn unexport(d: &DriverShared, mem: PhysicalMemory, put_handle: impl FnOnce(&IpcHandle)) {
+/// Ends the export of `mem` (of context `context`), if any: its record goes and its IPC handle
+/// is put (importers keep what they imported). Never fails.
+pub(crate) fn unexport(d: &DriverShared, context: u64, mem: PhysicalMemory) {
     let e = {
         let mut ex = EXPORTS.lock();
         let Some(s) = ex.by_mem.remove(&mem.id) else {
@@ -267,7 +271,7 @@ pub(crate) fn unexport(d: &DriverShared, mem: PhysicalMemory, put_handle: impl F
     if let Some((s, e)) = e {
         debug_assert_eq!(e.mem, mem.id);
         remove_record(d, &record_name(s));
-        put_handle(&e.handle);
+        let _ = put(context, &e.handle);
     }
 }
 
