@@ -751,6 +751,27 @@ fn only_the_platform_folders_make_os_calls_and_only_the_host_folder_names_the_ho
     );
 }
 
+#[test]
+fn std_os_and_the_platform_crate_are_named_only_in_the_backend_layer() {
+    let files = sources(&repo_root(), "crates/hetmem/src");
+    fail_on(
+        "std::os or hetmem_linux above src/backend/",
+        check_platform_names(&files),
+    );
+}
+
+#[test]
+fn the_semantics_modules_import_only_those_listed_before_them_and_never_the_api() {
+    let root = repo_root();
+    let src = root.join("crates/hetmem/src");
+    let mod_rs = std::fs::read_to_string(src.join("semantics/mod.rs")).unwrap();
+    let lib_rs = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+    fail_on(
+        "the semantics layer's import order (the table of semantics/mod.rs)",
+        check_semantics_order(&semantics_files(&root), &mod_rs, &lib_rs),
+    );
+}
+
 /// The platform crate is below hetmem: it never depends on it or names its backends.
 #[test]
 fn the_linux_platform_crate_is_below_hetmem() {

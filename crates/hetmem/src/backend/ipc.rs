@@ -12,6 +12,10 @@
 use super::HalError;
 
 pub use hetmem_linux::broker::{BrokerAnswer, BrokerHandler, BrokerReply};
+/// The shareable handles of every backend are file descriptors (a sealed memfd on the host, a
+/// `cuMemExportToShareableHandle` POSIX fd on CUDA): the layers above hold, borrow and number
+/// them by these types, named from here (only the backend layer names `std::os`).
+pub use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 /// Why a broker request failed, as far as the transport can tell.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

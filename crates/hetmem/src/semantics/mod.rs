@@ -16,6 +16,7 @@
 //! | [`access`] | per-page access attributes of reservations, read and written without the driver's lock |
 //! | [`vmm`] | reservations, physical memory, mappings, access attributes (the bookkeeping) |
 //! | [`usm`] | host / device / shared allocations, imports of system memory, pending frees (the bookkeeping) |
+//! | [`managed`] | the managed family's file table (its modules; it imports none of them) |
 //! | [`managed::state`] | ACL managed memory's records: allocations, per-page advice, queued-work holds (residency is the backend's) |
 //! | [`managed::rules`] | managed-memory argument rules and the one conversion of residency errors |
 //! | [`inflight`] | in-flight references of queued work and the frees waiting for them |

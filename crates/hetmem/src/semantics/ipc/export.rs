@@ -31,8 +31,8 @@
 //! - Lock order: `managed` (alone, first), then `usm` -> `vm` -> the view table; the backend's
 //!   exports are made under `vm` (read), the export table taken after it is dropped.
 
+use crate::backend::ipc::{AsFd, OwnedFd};
 use std::collections::HashMap;
-use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use crate::backend::{PhysicalLocation, SharedPart};
@@ -373,7 +373,7 @@ pub(crate) fn register(
             "st_dev {dev:#x} of an exported memfd does not fit 32 bits"
         ))
     })?;
-    let fd = std::os::fd::AsRawFd::as_raw_fd(first);
+    let fd = crate::backend::ipc::AsRawFd::as_raw_fd(first);
     let mut ex = EXPORTS.lock();
     let id = fresh_export_id(&ex);
     let h = Decoded {

@@ -43,7 +43,7 @@
 //!   references the view (`crate::semantics::queue`), waiting with no lock held.
 //! - Put: a handle this process did not export, or already put -> `InvalidArgument`.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use crate::backend::ipc::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use crate::backend::{Backend, PhysicalLocation, SharedPart};

@@ -12,8 +12,8 @@
 //! Lock order: `usm` -> `vm` -> [`IMPORTS`] (the view table); [`EXPORTS`] is taken with no
 //! driver lock held, or after them, never before.
 
+use crate::backend::ipc::OwnedFd;
 use std::collections::BTreeMap;
-use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 

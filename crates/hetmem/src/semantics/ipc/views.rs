@@ -10,8 +10,8 @@
 //!
 //! Lock order: `usm` -> `vm` -> the view table -> a reservation's gate -> `inflight`.
 
+use crate::backend::ipc::OwnedFd;
 use std::collections::BTreeMap;
-use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use crate::backend::{Backend, Protection, RawPhysical, SharedPart};
