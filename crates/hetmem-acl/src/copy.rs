@@ -188,14 +188,12 @@ fn sync_device(g: &state::G) -> Res {
     let streams: Vec<Arc<crate::stream::AclStream>> = {
         let reg = g.reg.lock();
         let mut v: Vec<_> = reg
-            .streams
-            .values()
+            .all::<crate::stream::AclStream>()
             .filter(|s| s.ctx.dev.ordinal() == dev)
-            .cloned()
             .collect();
         for c in reg.contexts.values().filter(|c| c.dev.ordinal() == dev) {
-            if let Some(s) = &*c.default_stream.lock() {
-                v.push(s.clone());
+            if let Some(s) = c.default_stream.lock().clone().and_then(state::downcast) {
+                v.push(s);
             }
         }
         v
