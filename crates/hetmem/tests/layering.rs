@@ -419,7 +419,7 @@ fn check_abi_no_os_calls(files: &[Src]) -> Vec<String> {
     files.iter().flat_map(|f| f.hits(abi_os_call)).collect()
 }
 
-/// The CLI reaches hetmem through its public API: never `hetmem::backend` or a backend folder;
+/// The CLI reaches hetmem through its public API: never `hetmem::backend` or the host folder;
 /// of the platform crate only `hetmem_linux::copy`.
 fn check_cli(files: &[Src]) -> Vec<String> {
     files
@@ -428,7 +428,6 @@ fn check_cli(files: &[Src]) -> Vec<String> {
             f.hits(|l| {
                 l.contains("hetmem::backend")
                     || l.contains("::host::")
-                    || l.contains("::cuda::")
                     || l.match_indices("hetmem_linux").any(|(i, _)| {
                         !l[i..].starts_with("hetmem_linux::copy::")
                             && !l[..i].chars().next_back().is_some_and(is_ident)
@@ -1010,7 +1009,8 @@ fn self_test_the_cli_is_flagged_for_reaching_below_the_public_api() {
     }
     let fine = one(
         "crates/hetmem-cli/src/x.rs",
-        "unsafe { hetmem_linux::copy::stream_copy(d, s, n) }; hetmem::platform::facts();",
+        "unsafe { hetmem_linux::copy::stream_copy(d, s, n) }; hetmem::platform::facts(); \
+         use super::cuda::ok;",
     );
     assert!(check_cli(&fine).is_empty());
 }
