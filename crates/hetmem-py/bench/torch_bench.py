@@ -24,9 +24,12 @@ its baseline and the target the issue sets. A row that cannot run records its er
 """
 
 import argparse
+import faulthandler
+import gc
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -137,54 +140,175 @@ def child_growth_torch(steps, reps):
     return {"per_2mib_us": statistics.mean(times) * 1e6, "reps_us": [t * 1e6 for t in times]}
 
 
-def _share_receiver_torch(q_in, q_out):
+# The share rows' receiver: one spawned process per variant, reused across the reps. Each rep
+# it gets the tensors (or hetmem's SharedRegion), reads a byte of each, answers with the time
+# it held them all (the end of the end-to-end measurement), then releases them (del, device
+# synchronize, torch.cuda.ipc_collect, hetmem's view closed) and acknowledges, so the sender
+# never frees or re-sends memory a receiver still maps and the receiver's exit has nothing left
+# to tear down. Every wait on either side has a timeout.
+
+
+def _share_receiver(kind, conn, timeout):
+    faulthandler.dump_traceback_later(timeout, exit=True)  # a hang prints stacks, then exits
     torch.cuda.init()
     torch.empty(1, device="cuda")
-    q_out.put("ready")
-    ts = q_in.get()
-    torch.cuda.synchronize()
-    firsts = torch.stack([t[:1] for t in ts]).sum().item()
-    t1 = time.monotonic()
-    q_out.put((t1, len(ts), float(firsts)))
-    q_in.get()  # keep the tensors until told
+    if kind == "hetmem":
+        import hetmem.torch as ht
+
+        ht.init("cuda")
+    conn.send("ready")
+    while True:
+        msg = conn.recv()
+        if isinstance(msg, str) and msg == "exit":
+            break
+        view = None
+        if kind == "hetmem":
+            view, named = ht.open_shared(msg)
+            ts = [named[f"t{i}"] for i in range(len(named))]
+            del named
+        else:
+            ts = msg
+        torch.cuda.synchronize()
+        firsts = torch.stack([t[:1] for t in ts]).sum().item()
+        t1 = time.monotonic()
+        conn.send((t1, len(ts), float(firsts)))
+        r0 = now()
+        del ts, msg
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.ipc_collect()
+        close_error = None
+        if view is not None:
+            try:
+                view.close()
+            except Exception as e:  # an export still alive: the view goes with the process
+                close_error = repr(e)
+        conn.send(("released", now() - r0, close_error))
+    faulthandler.cancel_dump_traceback_later()
+    conn.send("bye")
+    conn.close()
 
 
-def child_share_torch(n, size, reps):
-    import torch.multiprocessing as tmp
+def _recv(conn, proc, timeout, what):
+    """The next message from a receiver, or an error naming ``what`` when it exits or stays
+    silent for ``timeout`` seconds."""
+    deadline = now() + timeout
+    while not conn.poll(0.1):
+        if not proc.is_alive():
+            raise RuntimeError(f"the receiver exited ({proc.exitcode}) before sending {what}")
+        if now() > deadline:
+            raise TimeoutError(f"no {what} from the receiver in {timeout:.0f} s")
+    try:
+        return conn.recv()
+    except EOFError:
+        proc.join(5)
+        raise RuntimeError(f"the receiver closed its pipe ({proc.exitcode}) before sending {what}") from None
 
-    ctx = tmp.get_context("spawn")
+
+class ShareReceiver:
+    """A spawned receiver process (``kind`` "torch" or "hetmem") and the parent's end of its
+    pipe; ``finish()`` ends it, terminating it after a short wait, and says how it went."""
+
+    def __init__(self, kind, timeout):
+        import torch.multiprocessing as tmp
+
+        self.timeout = timeout
+        ctx = tmp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_share_receiver, args=(kind, child, timeout), daemon=True)
+        t0 = now()
+        self.proc.start()
+        child.close()
+        assert _recv(self.conn, self.proc, timeout, "ready") == "ready"
+        self.start_s = now() - t0
+        self.release_s = []
+        self.close_errors = []
+
+    def send(self, obj):
+        """Sends ``obj`` (tensors or a SharedRegion); returns (receiver's time holding all,
+        count, sum of first bytes) once it has them, then waits for its release."""
+        self.conn.send(obj)
+        got = _recv(self.conn, self.proc, self.timeout, "the tensors' reply")
+        rel = _recv(self.conn, self.proc, self.timeout, "the release acknowledgement")
+        self.release_s.append(rel[1])
+        if rel[2]:
+            self.close_errors.append(rel[2])
+        return got
+
+    def finish(self, join_s=5.0):
+        info = {"receiver_start_s": self.start_s, "receiver_release_ms": [t * 1e3 for t in self.release_s]}
+        if self.close_errors:
+            info["receiver_close_errors"] = self.close_errors
+        how = "clean"
+        try:
+            self.conn.send("exit")
+            _recv(self.conn, self.proc, join_s, "bye")
+        except Exception as e:
+            how = f"no bye: {e!r}"
+        self.proc.join(join_s)
+        if self.proc.is_alive():
+            how = "terminated after exit (SIGTERM)"
+            self.proc.terminate()
+            self.proc.join(5)
+            if self.proc.is_alive():
+                how = "killed after exit (SIGKILL)"
+                self.proc.kill()
+                self.proc.join(5)
+        info["receiver_exit"] = how
+        info["receiver_exitcode"] = self.proc.exitcode
+        self.conn.close()
+        return info
+
+
+def child_share_torch(n, size, reps, rx_timeout=60):
     ts = [torch.full((size,), i % 251, dtype=torch.uint8, device="cuda") for i in range(n)]
     torch.cuda.synchronize()
     storages = len({t.untyped_storage().data_ptr() for t in ts})
+    expect = float(sum(i % 251 for i in range(n)))
     out = []
-    for _ in range(reps):
-        q_in, q_out = ctx.SimpleQueue(), ctx.SimpleQueue()
-        p = ctx.Process(target=_share_receiver_torch, args=(q_in, q_out))
-        p.start()
-        assert q_out.get() == "ready"
-        t0 = time.monotonic()
-        q_in.put(ts)
-        t1, count, firsts = q_out.get()
-        q_in.put("done")
-        p.join(120)
-        assert count == n and firsts == float(sum(i % 251 for i in range(n)))
-        out.append(t1 - t0)
-    return {"end_to_end_ms": [t * 1e3 for t in out], "storages": storages}
+    rx = ShareReceiver("torch", rx_timeout)
+    try:
+        for _ in range(reps):
+            t0 = time.monotonic()
+            t1, count, firsts = rx.send(ts)
+            assert count == n and firsts == expect, (count, firsts, expect)
+            out.append(t1 - t0)
+    finally:
+        info = rx.finish()
+    torch.cuda.ipc_collect()
+    return {"end_to_end_ms": [t * 1e3 for t in out], "storages": storages, **info}
 
 
-def run_child(name, env=None, **kw):
+def run_child(name, env=None, timeout=300, **kw):
+    """Runs child ``name`` in a fresh process (its own session, so the spawned receivers go
+    with it); its last stdout line is the JSON it returns. Past ``timeout`` seconds the whole
+    process group is killed and the error carries the child's stderr (the child's
+    faulthandler prints every thread's stack there 10 s before that)."""
     e = dict(os.environ)
     e.update(env or {})
-    r = subprocess.run(
+    kw["watchdog_s"] = max(1, timeout - 10)
+    p = subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "--child", name, "--child-args", json.dumps(kw)],
         env=e,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=1200,
+        start_new_session=True,
     )
-    if r.returncode != 0:
-        raise RuntimeError(f"child {name} failed ({r.returncode}): {r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate(timeout=30)
+        raise RuntimeError(f"child {name} ran past {timeout} s and was killed; its stderr: {err[-4000:]}")
+    finally:
+        try:  # receivers it left behind
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    if p.returncode != 0:
+        raise RuntimeError(f"child {name} failed ({p.returncode}): {err[-4000:]}")
+    return json.loads(out.strip().splitlines()[-1])
 
 
 # ---------------------------------------------------------------------------------------
@@ -223,9 +347,13 @@ def row_growth(args, ht):
     res["hetmem_pool_us"] = statistics.mean(pooled) * 1e6
     res["hetmem_chunk64_us"] = statistics.mean(grow(False, 64 * MiB) for _ in range(reps)) * 1e6
     res["hetmem_chunk64_pool_us"] = statistics.mean(grow(True, 64 * MiB) for _ in range(reps)) * 1e6
-    res["torch_default"] = run_child("growth-torch", steps=steps, reps=reps)
+    res["torch_default"] = run_child("growth-torch", timeout=args.child_timeout, steps=steps, reps=reps)
     res["torch_expandable"] = run_child(
-        "growth-torch", env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, steps=steps, reps=reps
+        "growth-torch",
+        env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+        timeout=args.child_timeout,
+        steps=steps,
+        reps=reps,
     )
     try:
         drv = Driver(torch.cuda.current_device())
@@ -392,60 +520,53 @@ def row_forward(args, ht):
     return res
 
 
-def _share_receiver_hetmem(q_in, q_out):
-    import hetmem.torch as ht
-
-    ht.init("cuda")
-    torch.cuda.init()
-    torch.empty(1, device="cuda")
-    q_out.put("ready")
-    shared = q_in.get()
-    view, ts = ht.open_shared(shared)
-    ts = [ts[f"t{i}"] for i in range(len(ts))]
-    firsts = torch.stack([t[:1] for t in ts]).sum().item()
-    t1 = time.monotonic()
-    q_out.put((t1, len(ts), float(firsts)))
-    q_in.get()
-
-
 def row_share(args, ht):
-    import torch.multiprocessing as tmp
-
     n, size = args.share_tensors, args.share_gib * GiB // args.share_tensors
-    res = {"name": "share", "tensors": n, "bytes": n * size}
+    res = {
+        "name": "share",
+        "tensors": n,
+        "bytes": n * size,
+        "method": "one spawned receiver per variant, reused across the reps (rep 0 a warm-up); "
+        "end to end = from the sender's export to the receiver's reply holding every tensor "
+        "(time.monotonic in both); the receiver releases its tensors before the next rep",
+    }
     with ht.region("bench-share"):
         ts = [torch.full((size,), i % 251, dtype=torch.uint8, device="cuda") for i in range(n)]
     torch.cuda.synchronize()
     res["blocks"] = len(ht.blocks("bench-share"))
-    ctx = tmp.get_context("spawn")
+    expect = float(sum(i % 251 for i in range(n)))
     e2e, export = [], []
-    for _ in range(args.reps + 1):
-        q_in, q_out = ctx.SimpleQueue(), ctx.SimpleQueue()
-        p = ctx.Process(target=_share_receiver_hetmem, args=(q_in, q_out))
-        p.start()
-        assert q_out.get() == "ready"
-        t0 = time.monotonic()
-        shared = ht.share({f"t{i}": t for i, t in enumerate(ts)}, "bench-share")
-        export.append(time.monotonic() - t0)
-        q_in.put(shared)
-        t1, count, firsts = q_out.get()
-        q_in.put("done")
-        p.join(120)
-        ht.unshare(shared)
-        assert count == n and firsts == float(sum(i % 251 for i in range(n)))
-        e2e.append(t1 - t0)
+    rx = ShareReceiver("hetmem", args.share_timeout)
+    try:
+        for _ in range(args.reps + 1):
+            t0 = time.monotonic()
+            shared = ht.share({f"t{i}": t for i, t in enumerate(ts)}, "bench-share")
+            export.append(time.monotonic() - t0)
+            try:
+                t1, count, firsts = rx.send(shared)
+            finally:
+                ht.unshare(shared)
+            assert count == n and firsts == expect, (count, firsts, expect)
+            e2e.append(t1 - t0)
+    finally:
+        res["hetmem_receiver"] = rx.finish()
     res["hetmem_first_ms"] = e2e[0] * 1e3
     res["hetmem_ms"] = statistics.mean(e2e[1:]) * 1e3
     res["hetmem_export_ms"] = [t * 1e3 for t in export]
-    per = run_child(
-        "share-torch", env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, n=n, size=size, reps=args.reps + 1
-    )
-    cached = run_child("share-torch", n=n, size=size, reps=args.reps + 1)
+    kw = dict(n=n, size=size, reps=args.reps + 1, rx_timeout=args.share_timeout)
+    per = run_child("share-torch", env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, timeout=args.child_timeout, **kw)
+    cached = run_child("share-torch", timeout=args.child_timeout, **kw)
     res["per_tensor_handles"] = per
     res["torch_multiprocessing_cached"] = cached
     res["per_tensor_ms"] = statistics.mean(per["end_to_end_ms"][1:])
+    res["torch_cached_ms"] = statistics.mean(cached["end_to_end_ms"][1:])
     res["speedup_vs_per_tensor"] = res["per_tensor_ms"] / res["hetmem_ms"]
-    res["speedup_vs_torch_cached"] = statistics.mean(cached["end_to_end_ms"][1:]) / res["hetmem_ms"]
+    res["speedup_vs_torch_cached"] = res["torch_cached_ms"] / res["hetmem_ms"]
+    res["receivers_terminated"] = [
+        r["receiver_exit"]
+        for r in (res["hetmem_receiver"], per, cached)
+        if r["receiver_exit"] != "clean"
+    ]
     res["target"] = "one handle faster end to end than 512 per-tensor handles"
     res["pass"] = res["speedup_vs_per_tensor"] > 1
     del ts
@@ -455,9 +576,45 @@ def row_share(args, ht):
 ROWS = {"growth": row_growth, "sleep": row_sleep, "forward": row_forward, "share": row_share}
 
 
+class RowTimeout(Exception):
+    pass
+
+
+def _on_alarm(signum, frame):
+    print("torch_bench: row watchdog fired; every thread's stack:", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    raise RowTimeout("the row ran past --row-timeout")
+
+
+def run_row(name, args, ht):
+    """One row under a watchdog: at ``--row-timeout`` seconds SIGALRM prints every thread's
+    stack and raises in the row (a wait in Python or a blocking call returns with the error);
+    if the row is stuck where a signal cannot reach it (a C call holding the GIL), faulthandler
+    prints the stacks again 60 s later and ends the process (the rows done so far are already
+    in the JSON file)."""
+    signal.signal(signal.SIGALRM, _on_alarm)
+    faulthandler.dump_traceback_later(args.row_timeout + 60, exit=True)
+    signal.alarm(args.row_timeout)
+    try:
+        return ROWS[name](args, ht)
+    finally:
+        signal.alarm(0)
+        faulthandler.cancel_dump_traceback_later()
+
+
+def write_doc(doc, path):
+    text = json.dumps(doc, indent=2)
+    if path:
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text + "\n")
+        os.replace(tmp, path)
+    return text
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", help="write the JSON document here too")
+    ap.add_argument("--json", help="write the JSON document here too (rewritten after every row)")
     ap.add_argument("--only", default="growth,sleep,forward,share")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--growth-steps", type=int, default=1024)
@@ -466,14 +623,22 @@ def main():
     ap.add_argument("--forward-iters", type=int, default=50)
     ap.add_argument("--share-gib", type=int, default=1)
     ap.add_argument("--share-tensors", type=int, default=512)
+    ap.add_argument("--row-timeout", type=int, default=180, help="seconds a row may run (watchdog)")
+    ap.add_argument("--child-timeout", type=int, default=120, help="seconds a baseline child may run")
+    ap.add_argument("--share-timeout", type=int, default=60, help="seconds a share receiver may stay silent")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--child-args", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         kw = json.loads(args.child_args or "{}")
+        faulthandler.dump_traceback_later(kw.pop("watchdog_s", 300), exit=True)
         out = {"growth-torch": child_growth_torch, "share-torch": child_share_torch}[args.child](**kw)
-        print(json.dumps(out))
+        faulthandler.cancel_dump_traceback_later()
+        print(json.dumps(out), flush=True)
         return 0
+    # SIGTERM (scripts/py-gpu's time limit) unwinds: the children's process groups are killed
+    # on the way out and the JSON says where it stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     import hetmem
     import hetmem.torch as ht
 
@@ -490,19 +655,21 @@ def main():
     }
     for name in args.only.split(","):
         t0 = now()
+        print(f"torch_bench: row {name} ...", file=sys.stderr, flush=True)
         try:
-            row = ROWS[name](args, ht)
-        except Exception as e:
+            row = run_row(name, args, ht)
+        except BaseException as e:  # RowTimeout, a failed assertion, a CUDA error
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                doc["stopped"] = f"{e!r} in row {name}"
+                write_doc(doc, args.json)
+                raise
             row = {"name": name, "error": repr(e), "traceback": traceback.format_exc()}
         row["wall_s"] = now() - t0
         doc["rows"].append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
+        write_doc(doc, args.json)
     doc["allocator"] = ht.stats()
-    text = json.dumps(doc, indent=2)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    print(write_doc(doc, args.json))
     return 0
 
 
