@@ -364,8 +364,18 @@ def row_growth(args, ht):
     steps = args.growth_steps  # 2 MiB each
     step_elems = MiB  # fp16
     reps = args.reps
-    chunk = 32 * MiB
-    res = {"name": "growth_per_2mib", "steps": steps, "chunk_bytes": chunk}
+    chunk = 32 * MiB  # GrowableTensor's default
+    res = {
+        "name": "growth_per_2mib",
+        "steps": steps,
+        "chunk_bytes": chunk,
+        "meaning": "seconds per GrowableTensor.grow() of 2 MiB over `steps` calls, divided by "
+        "steps; each rep a fresh GrowableTensor (new reservation). cold = every chunk made "
+        "(cuMemCreate) inside the timed loop, then mapped; pool = fill_pool() made the chunks "
+        "before the timed loop (not timed), the loop only maps them; call = one grow() that "
+        "maps nothing (Python + PyO3 cost). torch_* = torch.empty(2 MiB) appended to a list, "
+        "after empty_cache, in a fresh process (PyTorch's segments are 20 MiB).",
+    }
 
     def grow(pool, chunk=chunk):
         g = ht.GrowableTensor(steps * step_elems, dtype=torch.float16, chunk_bytes=chunk)
@@ -384,13 +394,28 @@ def row_growth(args, ht):
         del g
         return t
 
+    def call_cost(n=20000):
+        g = ht.GrowableTensor(steps * step_elems, dtype=torch.float16, chunk_bytes=chunk)
+        g.grow(1)  # one chunk mapped: the calls below stay inside it
+        t0 = now()
+        for _ in range(n):
+            g.grow(0)
+        t = (now() - t0) / n
+        del g
+        return t
+
     grow(False)  # warm-up
-    cold = [grow(False) for _ in range(reps)]
-    pooled = [grow(True) for _ in range(reps)]
-    res["hetmem_us"] = statistics.mean(cold) * 1e6
-    res["hetmem_pool_us"] = statistics.mean(pooled) * 1e6
-    res["hetmem_chunk64_us"] = statistics.mean(grow(False, 64 * MiB) for _ in range(reps)) * 1e6
-    res["hetmem_chunk64_pool_us"] = statistics.mean(grow(True, 64 * MiB) for _ in range(reps)) * 1e6
+    variants = {}
+    for mib in (32, 64, 128):
+        c = mib * MiB
+        variants[f"chunk{mib}_cold"] = statistics.mean(grow(False, c) for _ in range(reps)) * 1e6
+        variants[f"chunk{mib}_pool"] = statistics.mean(grow(True, c) for _ in range(reps)) * 1e6
+    res["hetmem_variants_us"] = variants
+    res["hetmem_us"] = variants["chunk32_cold"]
+    res["hetmem_pool_us"] = variants["chunk32_pool"]
+    res["hetmem_chunk64_us"] = variants["chunk64_cold"]
+    res["hetmem_chunk64_pool_us"] = variants["chunk64_pool"]
+    res["hetmem_call_us"] = min(call_cost() for _ in range(3)) * 1e6
     res["torch_default"] = run_child("growth-torch", timeout=args.child_timeout, steps=steps, reps=reps)
     res["torch_expandable"] = run_child(
         "growth-torch",
@@ -402,9 +427,11 @@ def row_growth(args, ht):
     try:
         drv = Driver(torch.cuda.current_device())
         per = [bare_map_sequence(drv, steps * 2 * MiB, 2 * MiB) / steps for _ in range(reps)]
-        chunked = [bare_map_sequence(drv, steps * 2 * MiB, chunk) / steps for _ in range(reps)]
         res["bare_driver_per_2mib_us"] = statistics.mean(per) * 1e6
-        res["bare_driver_chunked_us"] = statistics.mean(chunked) * 1e6
+        for mib in (32, 64, 128):
+            chunked = [bare_map_sequence(drv, steps * 2 * MiB, mib * MiB) / steps for _ in range(reps)]
+            key = "bare_driver_chunked_us" if mib == 32 else f"bare_driver_chunked{mib}_us"
+            res[key] = statistics.mean(chunked) * 1e6
         res["ratio_vs_bare_per_2mib"] = res["hetmem_us"] / res["bare_driver_per_2mib_us"]
         res["ratio_vs_bare_chunked"] = res["hetmem_us"] / res["bare_driver_chunked_us"]
     except Exception as e:  # cuda.bindings missing or refusing
@@ -414,8 +441,17 @@ def row_growth(args, ht):
     res["speedup_vs_torch_default"] = t_def / res["hetmem_us"]
     res["speedup_vs_torch_expandable"] = t_exp / res["hetmem_us"]
     res["speedup_pool_vs_torch_default"] = t_def / res["hetmem_pool_us"]
-    res["target"] = "at least 3x faster than PyTorch (speedup_vs_torch_* >= 3)"
-    res["pass"] = min(res["speedup_vs_torch_default"], res["speedup_vs_torch_expandable"]) >= 3
+    res["speedup_pool_vs_torch_expandable"] = t_exp / res["hetmem_pool_us"]
+    res["speedups"] = {
+        k: {"vs_torch_default": t_def / v, "vs_torch_expandable": t_exp / v} for k, v in variants.items()
+    }
+    res["torch_default_ratio"] = res["speedup_vs_torch_default"]
+    res["torch_expandable_ratio"] = res["speedup_vs_torch_expandable"]
+    res["target"] = "at least 3x faster than PyTorch: default chunk (32 MiB), cold, vs both allocators"
+    res["pass_vs_torch_default"] = res["speedup_vs_torch_default"] >= 3
+    res["pass_vs_torch_expandable"] = res["speedup_vs_torch_expandable"] >= 3
+    res["pass_pool"] = min(res["speedup_pool_vs_torch_default"], res["speedup_pool_vs_torch_expandable"]) >= 3
+    res["pass"] = res["pass_vs_torch_default"] and res["pass_vs_torch_expandable"]
     return res
 
 

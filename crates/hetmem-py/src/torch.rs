@@ -744,6 +744,24 @@ impl GrowState {
 }
 
 impl Growable {
+    /// The growth fast path: sets the backed size to `n` (already checked against nothing
+    /// else) when that needs no chunk mapped or unmapped, with the GIL held and no driver
+    /// call; `None` when it does (or the buffer is freed, or `n` is past the capacity: the
+    /// slow path reports those).
+    fn quick(&self, n: impl FnOnce(usize) -> usize) -> Option<usize> {
+        if !self.region.alive.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        let mut s = self.st.lock();
+        let n = n(s.size);
+        if n <= self.region.size && n.div_ceil(s.chunk) == s.mapped.len() {
+            s.size = n;
+            Some(n)
+        } else {
+            None
+        }
+    }
+
     fn with<R: Send>(
         &self,
         py: Python<'_>,
@@ -792,10 +810,16 @@ impl Growable {
     /// Errors: `UnsupportedSizeError` past the capacity; `OutOfDeviceMemoryError` when a chunk
     /// cannot be made (nothing mapped so far is undone).
     fn resize(&self, py: Python<'_>, nbytes: usize) -> PyResult<()> {
+        if self.quick(|_| nbytes).is_some() {
+            return Ok(());
+        }
         self.with(py, |s, c, b, cap| s.resize(c, b, cap, nbytes))
     }
     /// Grows the backed size by `nbytes`; returns the new size.
     fn grow(&self, py: Python<'_>, nbytes: usize) -> PyResult<usize> {
+        if let Some(n) = self.quick(|size| size.saturating_add(nbytes)) {
+            return Ok(n);
+        }
         self.with(py, |s, c, b, cap| {
             let n = s.size.saturating_add(nbytes);
             s.resize(c, b, cap, n)?;
@@ -804,6 +828,9 @@ impl Growable {
     }
     /// Shrinks the backed size by `nbytes` (to 0 at least); returns the new size.
     fn shrink(&self, py: Python<'_>, nbytes: usize) -> PyResult<usize> {
+        if let Some(n) = self.quick(|size| size.saturating_sub(nbytes)) {
+            return Ok(n);
+        }
         self.with(py, |s, c, b, cap| {
             let n = s.size.saturating_sub(nbytes);
             s.resize(c, b, cap, n)?;

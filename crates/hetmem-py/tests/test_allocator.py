@@ -188,6 +188,16 @@ def test_growable_keeps_its_address(np):
     g.grow(8 * MiB)  # from the pool
     assert (g.mapped, g.pool_chunks) == (20 * MiB, 3)
     assert arr[0] == 1  # the bytes below the shrink point stayed
+    # Inside the last chunk nothing is mapped or unmapped (the fast path): only `used` moves.
+    assert g.shrink(1 * MiB) == 19 * MiB
+    assert (g.used, g.mapped, g.pool_chunks) == (19 * MiB, 20 * MiB, 3)
+    g.resize(17 * MiB)
+    assert (g.used, g.mapped, g.pool_chunks) == (17 * MiB, 20 * MiB, 3)
+    assert g.grow(0) == 17 * MiB and g.grow(3 * MiB) == 20 * MiB
+    assert (g.mapped, g.pool_chunks) == (20 * MiB, 3)
+    assert g.grow(1) == 20 * MiB + 1 and (g.mapped, g.pool_chunks) == (24 * MiB, 2)
+    g.resize(20 * MiB)
+    assert (g.mapped, g.pool_chunks) == (20 * MiB, 3)
     with pytest.raises(hetmem.UnsupportedSizeError, match="capacity"):
         g.resize(65 * MiB)
     g.fill_pool(32 * MiB)
@@ -196,5 +206,7 @@ def test_growable_keeps_its_address(np):
     assert g.pool_chunks == 0
     del arr
     g.free()
+    with pytest.raises(ValueError, match="freed"):
+        g.grow(0)  # no chunk to map, but the buffer is gone
     with pytest.raises(hetmem.UnsupportedSizeError, match="page size"):
         _hetmem.growable(ctx, 64 * MiB, chunk=3 * MiB)
