@@ -683,6 +683,8 @@ fn torch_last_error() -> Option<String> {
 pub struct Growable {
     region: Arc<Region>,
     st: Mutex<GrowState>,
+    /// Bytes per element of `grow_items` (at least 1).
+    itemsize: usize,
 }
 
 struct GrowState {
@@ -815,6 +817,24 @@ impl Growable {
         }
         self.with(py, |s, c, b, cap| s.resize(c, b, cap, nbytes))
     }
+    /// Bytes per element of `grow_items` (the `itemsize` it was made with).
+    #[getter]
+    fn itemsize(&self) -> usize {
+        self.itemsize
+    }
+    /// Grows the backed size by `n` elements of `itemsize` bytes (`grow(n * itemsize)`);
+    /// returns the new size in elements (`used // itemsize`). One call per growth step
+    /// (`hetmem.torch.GrowableTensor.grow` is this method).
+    ///
+    /// Errors: those of `resize`.
+    fn grow_items(&self, py: Python<'_>, n: usize) -> PyResult<usize> {
+        let item = self.itemsize;
+        let nbytes = n.saturating_mul(item);
+        if let Some(b) = self.quick(|size| size.saturating_add(nbytes)) {
+            return Ok(b / item);
+        }
+        self.grow(py, nbytes).map(|b| b / item)
+    }
     /// Grows the backed size by `nbytes`; returns the new size.
     fn grow(&self, py: Python<'_>, nbytes: usize) -> PyResult<usize> {
         if let Some(n) = self.quick(|size| size.saturating_add(nbytes)) {
@@ -894,17 +914,25 @@ impl Drop for Growable {
 
 /// A growable buffer of at most `capacity` bytes on `device` in `ctx` (see `Growable`).
 ///
+/// `itemsize` (bytes, at least 1) is the element size of `Growable.grow_items`.
+///
 /// Errors: `UnsupportedSizeError` for a chunk that is not a multiple of the page size or a
-/// capacity of 0; the reservation's errors.
+/// capacity of 0; `ValueError` for an `itemsize` of 0; the reservation's errors.
 #[pyfunction]
-#[pyo3(signature = (ctx, capacity, chunk = 32 << 20, device = 0))]
+#[pyo3(signature = (ctx, capacity, chunk = 32 << 20, device = 0, itemsize = 1))]
 fn growable(
     py: Python<'_>,
     ctx: &Context,
     capacity: usize,
     chunk: usize,
     device: u32,
+    itemsize: usize,
 ) -> PyResult<Py<Growable>> {
+    if itemsize == 0 {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "itemsize 0: an element has at least one byte",
+        ));
+    }
     let c = ctx.inner.clone();
     let dev = device_of(&c, device).py()?;
     let page = c.query_page_size(&dev, chunk.max(1)).py()?;
@@ -937,6 +965,7 @@ fn growable(
             mapped: Vec::new(),
             pool: Vec::new(),
         }),
+        itemsize,
     };
     Py::new(
         py,

@@ -210,3 +210,17 @@ def test_growable_keeps_its_address(np):
         g.grow(0)  # no chunk to map, but the buffer is gone
     with pytest.raises(hetmem.UnsupportedSizeError, match="page size"):
         _hetmem.growable(ctx, 64 * MiB, chunk=3 * MiB)
+
+
+def test_growable_grows_in_elements():
+    ctx = _hetmem.torch_context()
+    g = _hetmem.growable(ctx, 8 * MiB, chunk=2 * MiB, itemsize=4)
+    assert g.itemsize == 4
+    assert g.grow_items(3) == 3 and (g.used, g.mapped) == (12, 2 * MiB)
+    assert g.grow_items(MiB // 2) == MiB // 2 + 3 and (g.used, g.mapped) == (2 * MiB + 12, 4 * MiB)
+    with pytest.raises(hetmem.UnsupportedSizeError, match="capacity"):
+        g.grow_items(2 * MiB)  # 8 MiB more: past the 8 MiB capacity
+    assert (g.used, g.mapped) == (2 * MiB + 12, 4 * MiB)  # nothing changed
+    g.free()
+    with pytest.raises(ValueError, match="itemsize 0"):
+        _hetmem.growable(ctx, 8 * MiB, chunk=2 * MiB, itemsize=0)

@@ -172,18 +172,28 @@ def _device_index(device) -> int:
 class GrowableTensor:
     """A 1-D tensor of ``dtype`` over a reservation of ``max_numel`` elements: grown and shrunk
     in ``chunk_bytes`` chunks (default 32 MiB) from a pool, its ``data_ptr()`` never changes.
-    ``tensor`` is the first ``numel`` elements; only those may be touched."""
+    ``tensor`` is the first ``numel`` elements; only those may be touched.
+
+    A chunk is made (``cuMemCreate``) when growth needs one and the pool is empty; chunks given
+    back by :meth:`shrink` / :meth:`resize`, or made ahead by :meth:`fill_pool`, are only
+    mapped again. A growth step that stays inside the last mapped chunk makes no driver call."""
 
     def __init__(self, max_numel: int, dtype=torch.float16, device=None, chunk_bytes: int = 32 << 20, ctx=None):
         self.dtype = dtype
         self.itemsize = torch.empty((), dtype=dtype).element_size()
         dev = _device_index(device)
         self._ctx = ctx if ctx is not None else context()
-        self._buf = _hetmem.growable(self._ctx, max_numel * self.itemsize, chunk_bytes, dev)
+        self._buf = _hetmem.growable(self._ctx, max_numel * self.itemsize, chunk_bytes, dev, self.itemsize)
         cap = self._buf.capacity // self.itemsize
         view = self._buf.view(0, cap * self.itemsize, dtype=_DTYPES[dtype])
         self._full = torch.from_dlpack(view)
-        self.numel = 0
+        # The growth step is the extension's method itself: one call, no Python frame.
+        self.grow = self._buf.grow_items
+
+    @property
+    def numel(self) -> int:
+        """Elements backed (the length of ``tensor``)."""
+        return self._buf.used // self.itemsize
 
     @property
     def capacity(self) -> int:
@@ -212,12 +222,10 @@ class GrowableTensor:
 
         Errors: ``UnsupportedSizeError`` past the capacity."""
         self._buf.resize(numel * self.itemsize)
-        self.numel = numel
 
-    def grow(self, numel: int) -> None:
-        """Backs ``numel`` more elements (see :meth:`resize`)."""
-        self._buf.grow(numel * self.itemsize)
-        self.numel += numel
+    def grow(self, numel: int) -> int:  # replaced per instance by the extension's grow_items
+        """Backs ``numel`` more elements (see :meth:`resize`); returns the new ``numel``."""
+        return self._buf.grow_items(numel)
 
     def shrink(self, numel: int) -> None:
         """Backs ``numel`` fewer elements (at least 0)."""
