@@ -134,6 +134,28 @@ ze_result_t zePhysicalMemGetProperties(ze_context_handle_t hContext,
                                        ze_physical_mem_handle_t hPhysicalMemory,
                                        ze_physical_mem_properties_t *pMemProperties);
 
+/* The runtime API (zer_api.h / zer_ddi.h of API 1.14, oneapi-src/level-zero include/): the
+ * four functions of the loader's runtime table, and the table a loader asks a driver for with
+ * zerGetGlobalProcAddrTable (slot order as in zer_ddi.h). */
+ze_result_t zerGetLastErrorDescription(const char **ppString);
+uint32_t zerTranslateDeviceHandleToIdentifier(ze_device_handle_t hDevice);
+ze_device_handle_t zerTranslateIdentifierToDeviceHandle(uint32_t identifier);
+ze_context_handle_t zerGetDefaultContext(void);
+#ifndef _ZER_DDI_H
+typedef ze_result_t (*zer_pfnGetLastErrorDescription_t)(const char **);
+typedef uint32_t (*zer_pfnTranslateDeviceHandleToIdentifier_t)(ze_device_handle_t);
+typedef ze_device_handle_t (*zer_pfnTranslateIdentifierToDeviceHandle_t)(uint32_t);
+typedef ze_context_handle_t (*zer_pfnGetDefaultContext_t)(void);
+typedef struct _zer_global_dditable_t {
+    zer_pfnGetLastErrorDescription_t pfnGetLastErrorDescription;
+    zer_pfnTranslateDeviceHandleToIdentifier_t pfnTranslateDeviceHandleToIdentifier;
+    zer_pfnTranslateIdentifierToDeviceHandle_t pfnTranslateIdentifierToDeviceHandle;
+    zer_pfnGetDefaultContext_t pfnGetDefaultContext;
+} zer_global_dditable_t;
+typedef ze_result_t (*zer_pfnGetGlobalProcAddrTable_t)(ze_api_version_t, zer_global_dditable_t *);
+#endif
+ze_result_t zerGetGlobalProcAddrTable(ze_api_version_t version, zer_global_dditable_t *pDdiTable);
+
 /* Function-pointer types, for zeDriverGetExtensionFunctionAddress through an older loader. */
 typedef ze_result_t (*ze_hetmem_pfnMemPutIpcHandle_t)(ze_context_handle_t, ze_ipc_mem_handle_t);
 typedef ze_result_t (*ze_hetmem_pfnMemGetIpcHandleWithProperties_t)(ze_context_handle_t, const void *,

@@ -24,6 +24,7 @@ use std::ffi::c_void;
 #[allow(clippy::wildcard_imports)]
 use crate::api::*;
 use crate::types::*;
+use crate::zer::*;
 
 /// The newest minor version whose table layout is known here.
 pub const NEWEST_MINOR: u32 = 18;
@@ -173,6 +174,12 @@ macro_rules! tables {
 
 tables! {
     zeGetGlobalProcAddrTable => [zeInit 0, zeInitDrivers 10];
+    // The runtime table (`zer_ddi.h`, [`crate::zer`]): asked by loaders that route `zer*`
+    // through drivers; optional for them.
+    zerGetGlobalProcAddrTable => [
+        zerGetLastErrorDescription 14, zerTranslateDeviceHandleToIdentifier 14,
+        zerTranslateIdentifierToDeviceHandle 14, zerGetDefaultContext 14,
+    ];
     zeGetDriverProcAddrTable => [
         zeDriverGet 0, zeDriverGetApiVersion 0, zeDriverGetProperties 0,
         zeDriverGetIpcProperties 0, zeDriverGetExtensionProperties 0,

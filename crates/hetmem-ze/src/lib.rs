@@ -43,8 +43,10 @@
 //!   answers `ZE_RESULT_ERROR_UNINITIALIZED` **without ever calling the driver's `zeInit`**
 //!   when the driver lacks them: without the `zes` getters, and (separately) without the `zet`
 //!   getters, `zeInit` fails so (presumably its `ze_lib` also initialises the sysman and tools
-//!   tables and gives up when no driver provides them). No `zer` (runtime, 1.14+) getter is exported: the
-//!   newest loader treats it as optional.
+//!   tables and gives up when no driver provides them). The runtime table (`zer`, API 1.14:
+//!   `zerGetGlobalProcAddrTable`, [`zer`]) is exported too: loaders that route `zer*` through
+//!   drivers treat it as optional, and the reference driver's sample programs stop when
+//!   `zerGetDefaultContext` answers null.
 //! - **Versions**: each getter writes only the slots that exist in the asked version's table
 //!   (slots are appended in version order, so that is a prefix; see [`ddi`]), never past it.
 //! - **Init**: `zeInit(flags)` reaches the driver through the Global table's `pfnInit` (the
@@ -110,6 +112,8 @@
 //! `zeEventDestroy`, `zeEventHostSignal`, `zeEventHostSynchronize`, `zeEventQueryStatus`,
 //! `zeEventHostReset`, `zeFenceCreate`, `zeFenceDestroy`, `zeFenceHostSynchronize`,
 //! `zeFenceQueryStatus`, `zeFenceReset`.
+//! Runtime (`zer`, [`zer`]): `zerGetDefaultContext`, `zerGetLastErrorDescription`,
+//! `zerTranslateDeviceHandleToIdentifier`, `zerTranslateIdentifierToDeviceHandle`.
 //!
 //! # Answered `ZE_RESULT_ERROR_UNSUPPORTED_FEATURE`
 //! Every other slot of every table, listed in [`ddi::UNSUPPORTED`]: modules, kernels, images,
@@ -175,3 +179,4 @@ pub mod ddi;
 pub mod layout;
 pub mod rt;
 pub mod types;
+pub mod zer;

@@ -569,6 +569,13 @@ fn case_2_readonly_capability_enforced() {
     loader_suite("cases_props");
 }
 
+/// The runtime table (`zer*`): through the loader where it routes them, else fetched from the
+/// driver as a loader does (Debian's loader 1.8.12 has no `zer` symbol).
+#[test]
+fn runtime_table_zer_default_context_and_identifiers() {
+    loader_suite("zer");
+}
+
 #[test]
 fn queues_lists_events_fences_and_free_policies() {
     loader_suite("queue");
