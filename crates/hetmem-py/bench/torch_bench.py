@@ -101,13 +101,15 @@ class Driver:
         self.check(self.cu.cuMemUnmap(self.cu.CUdeviceptr(va), size))
 
 
-def bare_map_sequence(drv, total, piece):
-    """Seconds to back ``total`` bytes in ``piece``s: create + map + set access per piece."""
+def bare_map_sequence(drv, total, piece, precreated=False):
+    """Seconds to back ``total`` bytes in ``piece``s: create + map + set access per piece
+    (``precreated``: the pieces made before the clock starts, only map + set access timed)."""
     va = drv.reserve(total)
+    made = [drv.create(piece) for _ in range(0, total, piece)] if precreated else None
     hs = []
     t0 = now()
-    for off in range(0, total, piece):
-        h = drv.create(piece)
+    for i, off in enumerate(range(0, total, piece)):
+        h = made[i] if precreated else drv.create(piece)
         drv.map(va + off, piece, h)
         hs.append(h)
     t = now() - t0
@@ -123,21 +125,26 @@ def bare_map_sequence(drv, total, piece):
 # ---------------------------------------------------------------------------------------
 
 
-def child_growth_torch(steps, reps):
+def child_growth_torch(steps, reps, warm=False):
+    """Seconds per torch.empty(2 MiB) appended to a list. Cold (default): empty_cache before
+    every rep, so the caching allocator gets its segments from the driver inside the loop.
+    ``warm``: the segments of a first, untimed rep stay cached, the timed reps reuse them."""
     torch.cuda.init()
     torch.empty(1, device="cuda")
     times = []
-    for _ in range(reps):
+    for r in range(reps + (1 if warm else 0)):
         torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        if not warm:
+            torch.cuda.empty_cache()
         ts = []
         t0 = now()
         for _ in range(steps):
             ts.append(torch.empty(2 * MiB, dtype=torch.uint8, device="cuda"))
         torch.cuda.synchronize()
-        times.append((now() - t0) / steps)
+        if not (warm and r == 0):
+            times.append((now() - t0) / steps)
         del ts
-    return {"per_2mib_us": statistics.mean(times) * 1e6, "reps_us": [t * 1e6 for t in times]}
+    return {"per_2mib_us": statistics.mean(times) * 1e6, "reps_us": [t * 1e6 for t in times], "warm": warm}
 
 
 # The share rows' receiver: one spawned process per variant, reused across the reps. Each rep
@@ -374,7 +381,9 @@ def row_growth(args, ht):
         "(cuMemCreate) inside the timed loop, then mapped; pool = fill_pool() made the chunks "
         "before the timed loop (not timed), the loop only maps them; call = one grow() that "
         "maps nothing (Python + PyO3 cost). torch_* = torch.empty(2 MiB) appended to a list, "
-        "after empty_cache, in a fresh process (PyTorch's segments are 20 MiB).",
+        "after empty_cache, in a fresh process (PyTorch's segments are 20 MiB); torch_*_warm = "
+        "the same with the segments cached by an untimed first rep (context for the pool "
+        "numbers, not the target).",
     }
 
     def grow(pool, chunk=chunk):
@@ -424,6 +433,19 @@ def row_growth(args, ht):
         steps=steps,
         reps=reps,
     )
+    # Context, not the target: PyTorch with its segments already cached (no driver call in the
+    # loop), the counterpart of hetmem's pool.
+    res["torch_default_warm"] = run_child(
+        "growth-torch", timeout=args.child_timeout, steps=steps, reps=reps, warm=True
+    )
+    res["torch_expandable_warm"] = run_child(
+        "growth-torch",
+        env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+        timeout=args.child_timeout,
+        steps=steps,
+        reps=reps,
+        warm=True,
+    )
     try:
         drv = Driver(torch.cuda.current_device())
         per = [bare_map_sequence(drv, steps * 2 * MiB, 2 * MiB) / steps for _ in range(reps)]
@@ -432,8 +454,11 @@ def row_growth(args, ht):
             chunked = [bare_map_sequence(drv, steps * 2 * MiB, mib * MiB) / steps for _ in range(reps)]
             key = "bare_driver_chunked_us" if mib == 32 else f"bare_driver_chunked{mib}_us"
             res[key] = statistics.mean(chunked) * 1e6
+            pre = [bare_map_sequence(drv, steps * 2 * MiB, mib * MiB, True) / steps for _ in range(reps)]
+            res[f"bare_driver_map_only{mib}_us"] = statistics.mean(pre) * 1e6
         res["ratio_vs_bare_per_2mib"] = res["hetmem_us"] / res["bare_driver_per_2mib_us"]
         res["ratio_vs_bare_chunked"] = res["hetmem_us"] / res["bare_driver_chunked_us"]
+        res["ratio_pool_vs_bare_map_only"] = res["hetmem_pool_us"] / res["bare_driver_map_only32_us"]
     except Exception as e:  # cuda.bindings missing or refusing
         res["bare_driver_error"] = repr(e)
     t_def = res["torch_default"]["per_2mib_us"]
@@ -442,6 +467,10 @@ def row_growth(args, ht):
     res["speedup_vs_torch_expandable"] = t_exp / res["hetmem_us"]
     res["speedup_pool_vs_torch_default"] = t_def / res["hetmem_pool_us"]
     res["speedup_pool_vs_torch_expandable"] = t_exp / res["hetmem_pool_us"]
+    res["pool_vs_torch_warm"] = {
+        "vs_torch_default_warm": res["torch_default_warm"]["per_2mib_us"] / res["hetmem_pool_us"],
+        "vs_torch_expandable_warm": res["torch_expandable_warm"]["per_2mib_us"] / res["hetmem_pool_us"],
+    }
     res["speedups"] = {
         k: {"vs_torch_default": t_def / v, "vs_torch_expandable": t_exp / v} for k, v in variants.items()
     }
