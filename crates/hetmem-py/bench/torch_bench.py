@@ -379,15 +379,20 @@ def row_growth(args, ht):
         "meaning": "seconds per GrowableTensor.grow() of 2 MiB over `steps` calls, divided by "
         "steps; each rep a fresh GrowableTensor (new reservation). cold = every chunk made "
         "(cuMemCreate) inside the timed loop, then mapped; pool = fill_pool() made the chunks "
-        "before the timed loop (not timed), the loop only maps them; call = one grow() that "
+        "before the timed loop (not timed), the loop only maps them; prefetchN = "
+        "GrowableTensor(prefetch_chunks=N): a thread keeps N chunks made ahead, started at "
+        "construction right before the timed loop (no wait), so its cuMemCreates run beside "
+        "the loop's maps; call = one grow() that "
         "maps nothing (Python + PyO3 cost). torch_* = torch.empty(2 MiB) appended to a list, "
         "after empty_cache, in a fresh process (PyTorch's segments are 20 MiB); torch_*_warm = "
         "the same with the segments cached by an untimed first rep (context for the pool "
         "numbers, not the target).",
     }
 
-    def grow(pool, chunk=chunk):
-        g = ht.GrowableTensor(steps * step_elems, dtype=torch.float16, chunk_bytes=chunk)
+    def grow(pool, chunk=chunk, prefetch=0):
+        g = ht.GrowableTensor(
+            steps * step_elems, dtype=torch.float16, chunk_bytes=chunk, prefetch_chunks=prefetch
+        )
         if pool:
             g.fill_pool(steps * 2 * MiB)
         p = g.data_ptr()
@@ -419,6 +424,10 @@ def row_growth(args, ht):
         c = mib * MiB
         variants[f"chunk{mib}_cold"] = statistics.mean(grow(False, c) for _ in range(reps)) * 1e6
         variants[f"chunk{mib}_pool"] = statistics.mean(grow(True, c) for _ in range(reps)) * 1e6
+    for ahead in (2, 4):
+        variants[f"chunk32_prefetch{ahead}"] = (
+            statistics.mean(grow(False, chunk, ahead) for _ in range(reps)) * 1e6
+        )
     res["hetmem_variants_us"] = variants
     res["hetmem_us"] = variants["chunk32_cold"]
     res["hetmem_pool_us"] = variants["chunk32_pool"]

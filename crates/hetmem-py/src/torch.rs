@@ -679,12 +679,25 @@ fn torch_last_error() -> Option<String> {
 /// GPU) mapped from a pool of physical objects. Its exports (`__dlpack__`, the array
 /// interfaces) span the whole capacity, so a tensor over it keeps one `data_ptr()` for life:
 /// only the first `mapped` bytes may be touched.
+///
+/// With `prefetch` chunks asked for, a thread of its own keeps that many made ahead in the
+/// pool (never more than the capacity still needs): growth then only maps, and the
+/// `cuMemCreate`s happen beside it. Without (the default) a chunk is made when growth needs
+/// one and the pool is empty.
 #[pyclass(extends = Memory, frozen, module = "hetmem")]
 pub struct Growable {
     region: Arc<Region>,
-    st: Mutex<GrowState>,
+    sh: Arc<GrowShared>,
     /// Bytes per element of `grow_items` (at least 1).
     itemsize: usize,
+    /// The prefetch thread, while there is one.
+    worker: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// The state and the prefetch thread's wake-up.
+struct GrowShared {
+    st: Mutex<GrowState>,
+    cv: parking_lot::Condvar,
 }
 
 struct GrowState {
@@ -693,23 +706,43 @@ struct GrowState {
     size: usize,
     mapped: Vec<hetmem::PhysicalMemory>,
     pool: Vec<hetmem::PhysicalMemory>,
+    /// Chunks the prefetch thread keeps in the pool (0: no prefetching).
+    ahead: usize,
+    /// Chunks the prefetch thread is making now.
+    making: usize,
+    /// Chunks the capacity holds (the pool never grows past what it still needs).
+    cap_chunks: usize,
+    /// Set when the buffer goes: the prefetch thread ends.
+    stop: bool,
+    /// Why prefetching stopped, if a chunk could not be made.
+    prefetch_error: Option<String>,
+}
+
+fn make_chunk(
+    ctx: &hetmem::Context,
+    dev: &hetmem::Device,
+    chunk: usize,
+) -> hetmem::Result<hetmem::PhysicalMemory> {
+    ctx.create_physical_memory_with_ipc_types(
+        Some(dev),
+        hetmem::PhysicalMemoryFlags::AllocateOnDevice,
+        chunk,
+        hetmem::IpcHandleTypes::DEFAULT,
+    )
 }
 
 impl GrowState {
-    fn new_chunk(&self, ctx: &hetmem::Context) -> hetmem::Result<hetmem::PhysicalMemory> {
-        ctx.create_physical_memory_with_ipc_types(
-            Some(&self.dev),
-            hetmem::PhysicalMemoryFlags::AllocateOnDevice,
-            self.chunk,
-            hetmem::IpcHandleTypes::DEFAULT,
-        )
-    }
-
     fn take_chunk(&mut self, ctx: &hetmem::Context) -> hetmem::Result<hetmem::PhysicalMemory> {
         match self.pool.pop() {
             Some(p) => Ok(p),
-            None => self.new_chunk(ctx),
+            None => make_chunk(ctx, &self.dev, self.chunk),
         }
+    }
+
+    /// Whether the prefetch thread has chunks to make.
+    fn wants_prefetch(&self) -> bool {
+        let have = self.pool.len() + self.making;
+        !self.stop && have < self.ahead && self.mapped.len() + have < self.cap_chunks
     }
 
     fn resize(
@@ -745,6 +778,39 @@ impl GrowState {
     }
 }
 
+/// The prefetch thread: makes chunks (the lock not held) while the pool has fewer than
+/// `ahead`, sleeps until growth takes some, ends at `stop`. A chunk it cannot make stops
+/// prefetching (`prefetch_error` says why); growth then makes its chunks itself.
+fn prefetch_loop(sh: Arc<GrowShared>, ctx: hetmem::Context) {
+    let mut g = sh.st.lock();
+    loop {
+        if g.stop {
+            return;
+        }
+        if !g.wants_prefetch() {
+            sh.cv.wait(&mut g);
+            continue;
+        }
+        g.making += 1;
+        let (dev, chunk) = (g.dev.clone(), g.chunk);
+        let made = parking_lot::MutexGuard::unlocked(&mut g, || make_chunk(&ctx, &dev, chunk));
+        g.making -= 1;
+        match made {
+            Ok(p) if !g.stop => {
+                g.pool.push(p);
+                sh.cv.notify_all(); // wait_prefetch
+            }
+            Ok(p) => {
+                let _ = ctx.destroy_physical_memory(p);
+            }
+            Err(e) => {
+                g.prefetch_error = Some(e.to_string());
+                g.ahead = 0;
+            }
+        }
+    }
+}
+
 impl Growable {
     /// The growth fast path: sets the backed size to `n` (already checked against nothing
     /// else) when that needs no chunk mapped or unmapped, with the GIL held and no driver
@@ -754,7 +820,7 @@ impl Growable {
         if !self.region.alive.load(std::sync::atomic::Ordering::Acquire) {
             return None;
         }
-        let mut s = self.st.lock();
+        let mut s = self.sh.st.lock();
         let n = n(s.size);
         if n <= self.region.size && n.div_ceil(s.chunk) == s.mapped.len() {
             s.size = n;
@@ -772,9 +838,25 @@ impl Growable {
         self.region.check_alive()?;
         let r = &self.region;
         let (ctx, base, cap) = (r.ctx.clone(), r.ptr, r.size);
-        let mut g = self.st.lock();
-        let st: &mut GrowState = &mut g;
-        py.detach(|| f(st, &ctx, base, cap)).py()
+        let sh = &self.sh;
+        py.detach(|| {
+            let mut g = sh.st.lock();
+            let out = f(&mut g, &ctx, base, cap);
+            if g.wants_prefetch() {
+                sh.cv.notify_all();
+            }
+            out
+        })
+        .py()
+    }
+
+    /// Ends the prefetch thread (waiting for a chunk it is making), if there is one.
+    fn stop_prefetch(&self) {
+        self.sh.st.lock().stop = true;
+        self.sh.cv.notify_all();
+        if let Some(t) = self.worker.lock().take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -783,12 +865,12 @@ impl Growable {
     /// Backed bytes asked for (at most `capacity`).
     #[getter]
     fn used(&self) -> usize {
-        self.st.lock().size
+        self.sh.st.lock().size
     }
     /// Bytes mapped now (`used` rounded up to the chunk).
     #[getter]
     fn mapped(&self) -> usize {
-        let s = self.st.lock();
+        let s = self.sh.st.lock();
         s.mapped.len() * s.chunk
     }
     /// Bytes of addresses reserved (the most it can grow to).
@@ -799,12 +881,39 @@ impl Growable {
     /// Bytes per physical chunk.
     #[getter]
     fn chunk(&self) -> usize {
-        self.st.lock().chunk
+        self.sh.st.lock().chunk
     }
     /// Chunks in the pool (unmapped, ready to map).
     #[getter]
     fn pool_chunks(&self) -> usize {
-        self.st.lock().pool.len()
+        self.sh.st.lock().pool.len()
+    }
+    /// Chunks the prefetch thread keeps made ahead in the pool (0: none).
+    #[getter]
+    fn prefetch(&self) -> usize {
+        self.sh.st.lock().ahead
+    }
+    /// Why prefetching stopped (a chunk that could not be made), or `None`.
+    #[getter]
+    fn prefetch_error(&self) -> Option<String> {
+        self.sh.st.lock().prefetch_error.clone()
+    }
+    /// Blocks until the prefetch thread has made what it keeps ahead (or stopped); returns
+    /// the chunks in the pool. Immediate without prefetching.
+    fn wait_prefetch(&self, py: Python<'_>) -> usize {
+        let sh = &self.sh;
+        py.detach(|| {
+            let mut g = sh.st.lock();
+            while g.wants_prefetch() || g.making > 0 {
+                sh.cv.wait_for(&mut g, std::time::Duration::from_millis(1));
+            }
+            g.pool.len()
+        })
+    }
+    /// Bytes per element of `grow_items` (the `itemsize` it was made with).
+    #[getter]
+    fn itemsize(&self) -> usize {
+        self.itemsize
     }
     /// Sets the backed size to `nbytes`: maps chunks (from the pool first) or unmaps the ones
     /// past it back into the pool. The address never changes.
@@ -816,11 +925,6 @@ impl Growable {
             return Ok(());
         }
         self.with(py, |s, c, b, cap| s.resize(c, b, cap, nbytes))
-    }
-    /// Bytes per element of `grow_items` (the `itemsize` it was made with).
-    #[getter]
-    fn itemsize(&self) -> usize {
-        self.itemsize
     }
     /// Grows the backed size by `n` elements of `itemsize` bytes (`grow(n * itemsize)`);
     /// returns the new size in elements (`used // itemsize`). One call per growth step
@@ -861,28 +965,31 @@ impl Growable {
     fn fill_pool(&self, py: Python<'_>, nbytes: usize) -> PyResult<()> {
         self.with(py, |s, c, _, _| {
             while s.pool.len() * s.chunk < nbytes {
-                let p = s.new_chunk(c)?;
+                let p = make_chunk(c, &s.dev, s.chunk)?;
                 s.pool.push(p);
             }
             Ok(())
         })
     }
-    /// Destroys the pooled chunks (their device memory goes back).
+    /// Destroys the pooled chunks (their device memory goes back) and stops prefetching.
     fn trim_pool(&self, py: Python<'_>) -> PyResult<()> {
         self.with(py, |s, c, _, _| {
+            s.ahead = 0;
             while let Some(p) = s.pool.pop() {
                 c.destroy_physical_memory(p)?;
             }
             Ok(())
         })
     }
-    /// Frees the reservation and every chunk.
+    /// Frees the reservation and every chunk (the prefetch thread ends first).
     fn free(&self, py: Python<'_>) -> PyResult<()> {
         self.region.retire()?;
         let (ctx, base, cap) = (self.region.ctx.clone(), self.region.ptr, self.region.size);
-        let mut g = self.st.lock();
-        let st: &mut GrowState = &mut g;
-        py.detach(|| release_growable(&ctx, base, cap, st)).py()
+        py.detach(|| {
+            self.stop_prefetch();
+            release_growable(&ctx, base, cap, &mut self.sh.st.lock())
+        })
+        .py()
     }
 }
 
@@ -901,25 +1008,27 @@ fn release_growable(
 
 impl Drop for Growable {
     fn drop(&mut self) {
+        self.stop_prefetch();
         if self
             .region
             .alive
             .swap(false, std::sync::atomic::Ordering::AcqRel)
         {
             let r = &self.region;
-            let _ = release_growable(&r.ctx, r.ptr, r.size, &mut self.st.lock());
+            let _ = release_growable(&r.ctx, r.ptr, r.size, &mut self.sh.st.lock());
         }
     }
 }
 
 /// A growable buffer of at most `capacity` bytes on `device` in `ctx` (see `Growable`).
-///
-/// `itemsize` (bytes, at least 1) is the element size of `Growable.grow_items`.
+/// `itemsize` (bytes, at least 1) is the element size of `Growable.grow_items`; `prefetch`
+/// chunks are kept made ahead by a thread of the buffer's own (0: none, chunks made on
+/// demand).
 ///
 /// Errors: `UnsupportedSizeError` for a chunk that is not a multiple of the page size or a
 /// capacity of 0; `ValueError` for an `itemsize` of 0; the reservation's errors.
 #[pyfunction]
-#[pyo3(signature = (ctx, capacity, chunk = 32 << 20, device = 0, itemsize = 1))]
+#[pyo3(signature = (ctx, capacity, chunk = 32 << 20, device = 0, itemsize = 1, prefetch = 0))]
 fn growable(
     py: Python<'_>,
     ctx: &Context,
@@ -927,6 +1036,7 @@ fn growable(
     chunk: usize,
     device: u32,
     itemsize: usize,
+    prefetch: usize,
 ) -> PyResult<Py<Growable>> {
     if itemsize == 0 {
         return Err(pyo3::exceptions::PyValueError::new_err(
@@ -956,17 +1066,36 @@ fn growable(
         RegionKind::Plain,
         Some(place),
     );
-    let g = Growable {
-        region: region.clone(),
+    let sh = Arc::new(GrowShared {
         st: Mutex::new(GrowState {
             dev,
             chunk,
             size: 0,
             mapped: Vec::new(),
             pool: Vec::new(),
+            ahead: prefetch,
+            making: 0,
+            cap_chunks: r.size / chunk,
+            stop: false,
+            prefetch_error: None,
         }),
+        cv: parking_lot::Condvar::new(),
+    });
+    let g = Growable {
+        region: region.clone(),
+        sh: sh.clone(),
         itemsize,
+        worker: Mutex::new(None),
     };
+    if prefetch > 0 {
+        let c2 = c.clone();
+        // On an error `g` goes, freeing the reservation.
+        let t = std::thread::Builder::new()
+            .name("hetmem-growable-prefetch".into())
+            .spawn(move || prefetch_loop(sh, c2))
+            .map_err(|e| PyRuntimeError::new_err(format!("starting the prefetch thread: {e}")))?;
+        *g.worker.lock() = Some(t);
+    }
     Py::new(
         py,
         PyClassInitializer::from(Memory::whole(region)).add_subclass(g),

@@ -224,3 +224,28 @@ def test_growable_grows_in_elements():
     g.free()
     with pytest.raises(ValueError, match="itemsize 0"):
         _hetmem.growable(ctx, 8 * MiB, chunk=2 * MiB, itemsize=0)
+
+
+def test_growable_prefetches_chunks_in_the_background():
+    ctx = _hetmem.torch_context()
+    g = _hetmem.growable(ctx, 8 * MiB, chunk=2 * MiB, prefetch=2)  # 4 chunks at most
+    assert g.prefetch == 2 and g.wait_prefetch() == 2 and g.mapped == 0
+    g.grow(2 * MiB + 1)  # two chunks, both from the pool
+    assert g.mapped == 4 * MiB
+    # Refilled, but only with what the capacity still needs: 2 of 4 chunks are mapped.
+    assert g.wait_prefetch() == 2
+    g.grow(2 * MiB)
+    assert g.mapped == 6 * MiB and g.wait_prefetch() == 1  # 3 mapped + 1 pooled = capacity
+    g.shrink(6 * MiB)  # everything back into the pool
+    assert (g.mapped, g.pool_chunks) == (0, 4)
+    g.trim_pool()  # also stops prefetching
+    assert (g.prefetch, g.pool_chunks, g.wait_prefetch()) == (0, 0, 0)
+    assert g.prefetch_error is None
+    g.free()
+    # Dropped without free(): its thread ends and its chunks go with it.
+    h = _hetmem.growable(ctx, 8 * MiB, chunk=2 * MiB, prefetch=3)
+    assert h.wait_prefetch() == 3
+    del h
+    free = _hetmem.growable(ctx, 8 * MiB, chunk=2 * MiB)
+    assert (free.prefetch, free.wait_prefetch()) == (0, 0)
+    free.free()

@@ -176,14 +176,27 @@ class GrowableTensor:
 
     A chunk is made (``cuMemCreate``) when growth needs one and the pool is empty; chunks given
     back by :meth:`shrink` / :meth:`resize`, or made ahead by :meth:`fill_pool`, are only
-    mapped again. A growth step that stays inside the last mapped chunk makes no driver call."""
+    mapped again. A growth step that stays inside the last mapped chunk makes no driver call.
+    ``prefetch_chunks`` > 0 starts a thread that keeps that many chunks made ahead in the pool
+    (never more than the capacity still needs; up to that many chunks of device memory held
+    beyond ``mapped_bytes``), so growth only maps while the chunks are made beside it."""
 
-    def __init__(self, max_numel: int, dtype=torch.float16, device=None, chunk_bytes: int = 32 << 20, ctx=None):
+    def __init__(
+        self,
+        max_numel: int,
+        dtype=torch.float16,
+        device=None,
+        chunk_bytes: int = 32 << 20,
+        ctx=None,
+        prefetch_chunks: int = 0,
+    ):
         self.dtype = dtype
         self.itemsize = torch.empty((), dtype=dtype).element_size()
         dev = _device_index(device)
         self._ctx = ctx if ctx is not None else context()
-        self._buf = _hetmem.growable(self._ctx, max_numel * self.itemsize, chunk_bytes, dev, self.itemsize)
+        self._buf = _hetmem.growable(
+            self._ctx, max_numel * self.itemsize, chunk_bytes, dev, self.itemsize, prefetch_chunks
+        )
         cap = self._buf.capacity // self.itemsize
         view = self._buf.view(0, cap * self.itemsize, dtype=_DTYPES[dtype])
         self._full = torch.from_dlpack(view)
@@ -236,7 +249,12 @@ class GrowableTensor:
         self._buf.fill_pool(nbytes)
 
     def trim_pool(self) -> None:
+        """Destroys the pooled chunks and stops prefetching."""
         self._buf.trim_pool()
+
+    def wait_prefetch(self) -> int:
+        """Waits until the prefetch thread has its chunks made; returns the chunks pooled."""
+        return self._buf.wait_prefetch()
 
 
 class SharedRegion:
