@@ -103,9 +103,10 @@ def test_cuda_graph_replays_after_wake():
     torch.testing.assert_close(y, expect * 2)
 
 
-def test_growable_tensor_grows_in_a_loop():
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_growable_tensor_grows_in_a_loop(prefetch):
     step = MiB  # fp16 elements: 2 MiB
-    g = ht.GrowableTensor(256 * step, dtype=torch.float16, chunk_bytes=32 * MiB)
+    g = ht.GrowableTensor(256 * step, dtype=torch.float16, chunk_bytes=32 * MiB, prefetch_chunks=prefetch)
     p = g.data_ptr()
     for i in range(128):
         g.grow(step)
@@ -117,10 +118,11 @@ def test_growable_tensor_grows_in_a_loop():
     expect = (torch.arange(128, device="cuda") % 64).to(torch.float16)
     assert torch.equal(rows[:, 0], expect) and torch.equal(rows[:, -1], expect)
     assert g.mapped_bytes == 256 * MiB
+    assert g.wait_prefetch() == prefetch  # made ahead by its thread (none without)
     g.shrink(64 * step)
-    assert g.pool_chunks == 4 and g.tensor.numel() == 64 * step
+    assert g.pool_chunks == 4 + prefetch and g.tensor.numel() == 64 * step
     g.grow(64 * step)  # from the pool
-    assert g.pool_chunks == 0 and g.data_ptr() == p
+    assert g.pool_chunks == prefetch and g.data_ptr() == p
     assert torch.equal(g.tensor.view(128, step)[:64, 0], expect[:64])
     with pytest.raises(hetmem.UnsupportedSizeError):
         g.grow(1 << 30)
