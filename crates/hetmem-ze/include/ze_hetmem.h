@@ -8,7 +8,9 @@
  *   [S]  oneAPI Level Zero specification 1.18 pages (shared/spec/level-zero-*.txt);
  *   [P]  PROVISIONAL: not found in any published header; chosen here (see below).
  *   [I]  inferred, not confirmed in a published header;
- *   [C]  shared/cases/level-zero.md (what programs written for the 1.17 headers read).
+ *   [C]  shared/cases/level-zero.md (what programs written for the 1.17 headers read);
+ *   [Y]  the published spec sources (oneapi-src/level-zero-spec scripts/core/<extension>.yml: layouts and
+ *        enum values, no stype numbers).
  * Types are guarded by a macro the header that declares them defines (their extension name),
  * so this header also compiles with newer ze_api.h versions. Function declarations are
  * repeated as the headers give them (a repeated identical prototype is legal C).
@@ -50,8 +52,10 @@ extern "C" {
 #define ZE_HETMEM_RELAXED_ALLOCATION_LIMITS_EXT_FLAG_MAX_SIZE (1u << 0) /* [S] */
 #define ZE_HETMEM_INIT_DRIVER_TYPE_FLAG_GPU (1u << 0)                   /* [T] */
 #define ZE_HETMEM_INIT_DRIVER_TYPE_FLAG_NPU (1u << 1)                   /* [T] */
-/* ze_device_readonly_memory_capability_t [C]: NONE (0, READONLY has no effect), ENFORCED (2). */
+/* ze_device_readonly_memory_capability_t [C] [Y]: NONE (0, READONLY has no effect), HINT (1, a
+ * hint; writes may succeed), ENFORCED (2). */
 #define ZE_HETMEM_DEVICE_READONLY_MEMORY_CAPABILITY_NONE 0u
+#define ZE_HETMEM_DEVICE_READONLY_MEMORY_CAPABILITY_HINT 1u
 #define ZE_HETMEM_DEVICE_READONLY_MEMORY_CAPABILITY_ENFORCED 2u
 
 /* ---- extension names [F] --------------------------------------------------------------- */
@@ -104,11 +108,13 @@ typedef struct _ze_init_driver_type_desc_t {
     uint32_t flags;
 } ze_init_driver_type_desc_t;
 #endif
-/* Chained on ze_device_properties_t (zeDeviceGetProperties) [C]; the layout is the properties
- * base (stype, pNext) and the one enum field [I]. The 1.17 header's extension-name macro is not
- * known here: a header that declares the type must define ZE_HETMEM_HAVE_READONLY_MEMORY_EXT
+/* Chained on ze_device_properties_t (zeDeviceGetProperties), API 1.17 [Y]: the properties base
+ * (stype, pNext) and the one enum field, readonlyCapability. Its stype's number (0x10015) is
+ * [C]'s: [Y] gives no numbers, and no header of 1.14 or later was reachable here. The 1.17
+ * header's extension-name macro is ZE_VIRTUAL_MEM_READONLY_PROPERTIES_EXT_NAME [Y]; a header
+ * that declares the type under another guard may define ZE_HETMEM_HAVE_READONLY_MEMORY_EXT
  * before including this one. */
-#ifndef ZE_HETMEM_HAVE_READONLY_MEMORY_EXT
+#if !defined(ZE_HETMEM_HAVE_READONLY_MEMORY_EXT) && !defined(ZE_VIRTUAL_MEM_READONLY_PROPERTIES_EXT_NAME)
 typedef struct _ze_device_readonly_memory_ext_properties_t {
     ze_structure_type_t stype;
     void *pNext;

@@ -192,6 +192,20 @@ fn flags(set: FlagSet, v: u32) -> Result<u32, u32> {
     set.check(v).map_err(ze)
 }
 
+/// Walks an output structure's `pNext` chain (at most 64 links), calling `f` with each
+/// structure's stype and address: the call fills the structures it answers and leaves every
+/// other one (and the chain) as the caller wrote it.
+unsafe fn each_chained(mut next: *mut c_void, mut f: impl FnMut(u32, *mut c_void)) {
+    for _ in 0..64 {
+        if next.is_null() {
+            return;
+        }
+        let b = &*(next as *const ze_base_desc_t);
+        f(b.stype, next);
+        next = b.pNext as *mut c_void;
+    }
+}
+
 fn handle_out(p: *mut H, h: u64) {
     // SAFETY: checked non-null by the caller.
     unsafe { *p = h as H };
@@ -433,20 +447,14 @@ pub unsafe extern "C" fn zeDeviceGetProperties(
         p.uuid.id = u;
         copy_str(&mut p.name, &info.name);
         // Chained properties this driver answers; others are left as they are.
-        let mut next = p.pNext;
-        for _ in 0..64 {
-            if next.is_null() {
-                break;
-            }
-            let b = &*(next as *const ze_base_desc_t);
-            if b.stype == ZE_STRUCTURE_TYPE_DEVICE_READONLY_MEMORY_EXT_PROPERTIES {
+        each_chained(p.pNext, |stype, next| {
+            if stype == ZE_STRUCTURE_TYPE_DEVICE_READONLY_MEMORY_EXT_PROPERTIES {
                 let r = &mut *(next as *mut ze_device_readonly_memory_ext_properties_t);
                 if hetmem::vmm::DEVICE_WRITES_TO_READONLY_REFUSED {
                     r.readonlyCapability = ZE_DEVICE_READONLY_MEMORY_CAPABILITY_ENFORCED;
                 }
             }
-            next = b.pNext as *mut c_void;
-        }
+        });
     })
 }
 
@@ -522,6 +530,18 @@ pub unsafe extern "C" fn zeDeviceGetMemoryProperties(
             o.maxBusWidth = 64;
             o.totalSize = cap;
             copy_str(&mut o.name, "hetmem device memory (host RAM)");
+            // Chained: the memory extension's physical size (the device's capacity); its
+            // design bandwidths are not known (0, unit UNKNOWN) and its memory type is not
+            // known either, so `type` is left as the caller wrote it. Others: untouched.
+            each_chained(o.pNext, |stype, next| {
+                if stype == ZE_STRUCTURE_TYPE_DEVICE_MEMORY_EXT_PROPERTIES {
+                    let m = &mut *(next as *mut ze_device_memory_ext_properties_t);
+                    m.physicalSize = cap;
+                    m.readBandwidth = 0;
+                    m.writeBandwidth = 0;
+                    m.bandwidthUnit = ZE_BANDWIDTH_UNIT_UNKNOWN;
+                }
+            });
         })
     })
 }

@@ -79,7 +79,9 @@ pub fn entries() -> Vec<(String, u64)> {
             ze_ipc_phys_mem_handle_range_ext_desc_t { size },
             ze_physical_mem_properties_t { id, size },
             ze_init_driver_type_desc_t { flags },
-            ze_device_readonly_memory_ext_properties_t { readonlyCapability },
+            ze_device_readonly_memory_ext_properties_t { stype, pNext, readonlyCapability },
+            ze_device_memory_ext_properties_t { stype, pNext, r#type, physicalSize, readBandwidth,
+                writeBandwidth, bandwidthUnit },
         ],
         consts: [
             ZE_RESULT_SUCCESS, ZE_RESULT_NOT_READY, ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY,
@@ -105,6 +107,7 @@ pub fn entries() -> Vec<(String, u64)> {
             ZE_STRUCTURE_TYPE_INIT_DRIVER_TYPE_DESC,
             ZE_STRUCTURE_TYPE_DEVICE_READONLY_MEMORY_EXT_PROPERTIES,
             ZE_DEVICE_READONLY_MEMORY_CAPABILITY_ENFORCED,
+            ZE_STRUCTURE_TYPE_DEVICE_MEMORY_EXT_PROPERTIES, ZE_BANDWIDTH_UNIT_UNKNOWN,
             ZE_INIT_FLAG_GPU_ONLY, ZE_INIT_FLAG_VPU_ONLY, ZE_DEVICE_TYPE_GPU,
             ZE_DEVICE_PROPERTY_FLAG_INTEGRATED, ZE_IPC_PROPERTY_FLAG_MEMORY,
             ZE_COMMAND_QUEUE_GROUP_PROPERTY_FLAG_COMPUTE, ZE_COMMAND_QUEUE_GROUP_PROPERTY_FLAG_COPY,

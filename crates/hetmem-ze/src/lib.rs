@@ -83,7 +83,8 @@
 //! function, by name), `zeDriverGetLastErrorDescription`, `zeDriverGetDefaultContext`.
 //! Device: `zeDeviceGet`, `zeDeviceGetSubDevices` (none), `zeDeviceGetRootDevice`,
 //! `zeDeviceGetProperties`, `zeDeviceGetComputeProperties`, `zeDeviceGetModuleProperties`,
-//! `zeDeviceGetCommandQueueGroupProperties`, `zeDeviceGetMemoryProperties`,
+//! `zeDeviceGetCommandQueueGroupProperties`, `zeDeviceGetMemoryProperties` (fills a chained
+//! `ze_device_memory_ext_properties_t`, see Decisions),
 //! `zeDeviceGetMemoryAccessProperties`, `zeDeviceGetCacheProperties` (none),
 //! `zeDeviceGetImageProperties` (no images), `zeDeviceGetExternalMemoryProperties`,
 //! `zeDeviceGetP2PProperties`, `zeDeviceCanAccessPeer`, `zeDeviceGetStatus`,
@@ -130,6 +131,17 @@
 //!   `zeInitDrivers` without the GPU flag find no driver.
 //! - A chained structure a call does not take is `ZE_RESULT_ERROR_UNSUPPORTED_ENUMERATION`
 //!   naming its stype (the reference driver's answer).
+//! - Chained **output** structures (properties) are filled where hetmem can answer them
+//!   truthfully and every other one is left as the program wrote it (the chain is walked,
+//!   unknown stypes skipped): `ze_driver_memory_free_ext_properties_t` (driver),
+//!   `ze_device_readonly_memory_ext_properties_t` (device: ENFORCED, case 2), and
+//!   `ze_device_memory_ext_properties_t` (memory: `physicalSize` = the capacity, design
+//!   bandwidths 0 with `ZE_BANDWIDTH_UNIT_UNKNOWN`, `type` untouched, since the kind of the
+//!   memory behind a device is not known here). Not filled: the LUID and IP-version
+//!   extensions (no such identity exists for these devices), and
+//!   `ze_device_usablemem_size_ext_properties_t` (API 1.15): its stype's value was in none of
+//!   the published headers or spec sources reachable here, and a guessed stype could land on
+//!   another structure.
 //! - The v1.18 range descriptor's stype is **provisional**: 0x00020049
 //!   ([`types::ZE_STRUCTURE_TYPE_IPC_PHYS_MEM_HANDLE_RANGE_EXT_DESC`], one place; C:
 //!   `include/ze_hetmem.h`). `ZE_HOST_MEM_ALLOC_FLAG_MEM_READ_ONLY` is taken as `ZE_BIT(4)`

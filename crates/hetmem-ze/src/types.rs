@@ -70,9 +70,18 @@ pub const ZE_STRUCTURE_TYPE_IPC_PHYS_MEM_HANDLE_RANGE_EXT_DESC: u32 = 0x0002_004
 /// `ze_init_driver_type_desc_t` (API 1.10; value from the 1.12 header of Debian trixie's
 /// `libze-dev` 1.20.6).
 pub const ZE_STRUCTURE_TYPE_INIT_DRIVER_TYPE_DESC: u32 = 0x0002_0021;
-/// `ze_device_readonly_memory_ext_properties_t`, chained on `zeDeviceGetProperties` (newer than
-/// the 1.4 header; value from `shared/cases/level-zero.md`, case 2).
+/// `ze_device_readonly_memory_ext_properties_t`, chained on `zeDeviceGetProperties` (API 1.17,
+/// `ZE_extension_virtual_mem_readonly_properties`; newer than the 1.4 header). The value is
+/// `shared/cases/level-zero.md`'s (case 2): the extension's published source
+/// (`level-zero-spec` `scripts/core/virtualMemReadOnlyProperties.yml`) gives the layout and
+/// the enum but not the stype's number, and no header of 1.14 or later was among the sources
+/// reachable here.
 pub const ZE_STRUCTURE_TYPE_DEVICE_READONLY_MEMORY_EXT_PROPERTIES: u32 = 0x10015;
+/// `ze_device_memory_ext_properties_t`, chained on `zeDeviceGetMemoryProperties`
+/// (`ZE_extension_device_memory_properties`, API 1.4: in the installed header).
+pub const ZE_STRUCTURE_TYPE_DEVICE_MEMORY_EXT_PROPERTIES: u32 = 0x1000e;
+/// `ze_bandwidth_unit_t`: the unit of a bandwidth is unknown (with a bandwidth of 0: unknown).
+pub const ZE_BANDWIDTH_UNIT_UNKNOWN: u32 = 0;
 /// `ze_device_readonly_memory_capability_t`: READONLY pages are enforced on device accesses
 /// (0 is NONE, "has no effect").
 pub const ZE_DEVICE_READONLY_MEMORY_CAPABILITY_ENFORCED: u32 = 2;
@@ -162,6 +171,20 @@ pub struct ze_device_readonly_memory_ext_properties_t {
     pub stype: u32,
     pub pNext: *mut c_void,
     pub readonlyCapability: u32,
+}
+
+/// Chained on `ze_device_memory_properties_t` (1.4 header).
+#[repr(C)]
+pub struct ze_device_memory_ext_properties_t {
+    pub stype: u32,
+    pub pNext: *mut c_void,
+    /// `ze_device_memory_ext_type_t` (HBM 0, ..., DDR5 6, ...).
+    pub r#type: u32,
+    pub physicalSize: u64,
+    pub readBandwidth: u32,
+    pub writeBandwidth: u32,
+    /// `ze_bandwidth_unit_t`.
+    pub bandwidthUnit: u32,
 }
 
 #[repr(C)]

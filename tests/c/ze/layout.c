@@ -99,8 +99,16 @@ int main(void) {
     SZ(ze_ipc_phys_mem_handle_range_ext_desc_t); OFF(ze_ipc_phys_mem_handle_range_ext_desc_t, size);
     SZ(ze_physical_mem_properties_t); OFF(ze_physical_mem_properties_t, id); OFF(ze_physical_mem_properties_t, size);
     SZ(ze_init_driver_type_desc_t); OFF(ze_init_driver_type_desc_t, flags);
-    SZ(ze_device_readonly_memory_ext_properties_t);
+    /* API 1.17 (virtualMemReadOnlyProperties.yml of the spec sources: the properties base,
+     * then one enum) */
+    SZ(ze_device_readonly_memory_ext_properties_t); OFF(ze_device_readonly_memory_ext_properties_t, stype);
+    OFF(ze_device_readonly_memory_ext_properties_t, pNext);
     OFF(ze_device_readonly_memory_ext_properties_t, readonlyCapability);
+    /* in the installed header (ZE_extension_device_memory_properties, 1.4) */
+    SZ(ze_device_memory_ext_properties_t); OFF(ze_device_memory_ext_properties_t, stype);
+    OFF(ze_device_memory_ext_properties_t, pNext); OFF(ze_device_memory_ext_properties_t, type);
+    OFF(ze_device_memory_ext_properties_t, physicalSize); OFF(ze_device_memory_ext_properties_t, readBandwidth);
+    OFF(ze_device_memory_ext_properties_t, writeBandwidth); OFF(ze_device_memory_ext_properties_t, bandwidthUnit);
 
     VAL(ZE_RESULT_SUCCESS); VAL(ZE_RESULT_NOT_READY); VAL(ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY);
     VAL(ZE_RESULT_ERROR_UNINITIALIZED); VAL(ZE_RESULT_ERROR_UNSUPPORTED_VERSION);
@@ -125,6 +133,7 @@ int main(void) {
     VAL_AS(ZE_STRUCTURE_TYPE_INIT_DRIVER_TYPE_DESC, ZE_HETMEM_STYPE_INIT_DRIVER_TYPE_DESC);
     VAL_AS(ZE_STRUCTURE_TYPE_DEVICE_READONLY_MEMORY_EXT_PROPERTIES, ZE_HETMEM_STYPE_DEVICE_READONLY_MEMORY_EXT_PROPERTIES);
     VAL_AS(ZE_DEVICE_READONLY_MEMORY_CAPABILITY_ENFORCED, ZE_HETMEM_DEVICE_READONLY_MEMORY_CAPABILITY_ENFORCED);
+    VAL(ZE_STRUCTURE_TYPE_DEVICE_MEMORY_EXT_PROPERTIES); VAL(ZE_BANDWIDTH_UNIT_UNKNOWN);
     VAL(ZE_INIT_FLAG_GPU_ONLY); VAL(ZE_INIT_FLAG_VPU_ONLY); VAL(ZE_DEVICE_TYPE_GPU);
     VAL(ZE_DEVICE_PROPERTY_FLAG_INTEGRATED); VAL(ZE_IPC_PROPERTY_FLAG_MEMORY);
     VAL(ZE_COMMAND_QUEUE_GROUP_PROPERTY_FLAG_COMPUTE); VAL(ZE_COMMAND_QUEUE_GROUP_PROPERTY_FLAG_COPY);
