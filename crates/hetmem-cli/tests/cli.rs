@@ -376,6 +376,40 @@ fn bench_acl_json_has_a_ratio_and_the_added_ns_of_each_c_entry_point() {
         );
         assert!(out.contains("added per call"), "{out}");
     }
+    // The sleep-mode VMM rows: each step at both shapes, C over Rust with the added ns per call
+    // against the stated target; on cuda also C over the bare driver calls.
+    let cuda = out.contains("backend: cuda");
+    for step in [
+        "reserve",
+        "malloc_physical",
+        "map",
+        "unmap",
+        "free_physical",
+        "release",
+    ] {
+        for shape in ["2mib", "1gib_32mib"] {
+            let k = format!("acl_vmm_{step}_{shape}");
+            let r = v[format!("{k}_ratio")].as_f64().unwrap_or(f64::NAN);
+            assert!(r.is_finite() && r > 0.0, "{k}_ratio = {r}");
+            for f in [
+                "_ns",
+                "_baseline_ns",
+                "_added_ns_per_call",
+                "_added_noise_ns_per_call",
+            ] {
+                assert!(
+                    v[format!("{k}{f}")].as_f64().is_some_and(f64::is_finite),
+                    "{k}{f} missing in {v}"
+                );
+            }
+            assert_eq!(
+                v[format!("{k}_vs_driver_ratio")].is_f64(),
+                cuda,
+                "{k}_vs_driver_ratio on cuda only"
+            );
+        }
+    }
+    assert!(out.contains("target <= 150 ns added"), "{out}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -8,6 +8,11 @@
 //! time), and `aclrtMapMem` + `aclrtUnmapMem` of 2 MiB. Target: at most 150 ns added per call
 //! (`<op>_added_ns` in the JSON).
 //!
+//! Then the sleep-mode VMM rows ([`super::acl_vmm`]): reserve, allocate physical, map, unmap,
+//! free physical, release, per 2 MiB and per 1 GiB of 32 MiB chunks, C against Rust and, on the
+//! cuda backend (`HETMEM_BACKEND=cuda`; the host backend otherwise), against the bare CUDA
+//! driver calls.
+//!
 //! The entry points are called through `libascendcl.so` itself (`dlopen` of the library next to
 //! the `hetmem` executable, or `$HETMEM_ACL_LIB`), as a C program calls them; where no shared
 //! object is found they are called as functions of the library's rlib linked into `hetmem`
@@ -28,28 +33,30 @@ const PAGE: usize = 2 << 20;
 type Loc = AclMemManagedLocation;
 
 /// The entry points the benchmark calls, from the shared object or the rlib.
-struct Api {
+pub(super) struct Api {
     from: String,
-    init: unsafe extern "C" fn(*const libc::c_char) -> i32,
-    finalize: extern "C" fn() -> i32,
-    set_device: extern "C" fn(i32) -> i32,
-    create_stream: unsafe extern "C" fn(*mut *mut c_void) -> i32,
-    destroy_stream: extern "C" fn(*mut c_void) -> i32,
-    sync_stream: extern "C" fn(*mut c_void) -> i32,
-    alloc_managed: unsafe extern "C" fn(*mut *mut c_void, u64, u32) -> i32,
-    memset: extern "C" fn(*mut c_void, usize, i32, usize) -> i32,
-    free: extern "C" fn(*mut c_void) -> i32,
-    get_attr: unsafe extern "C" fn(u32, *const c_void, usize, *mut c_void, usize) -> i32,
-    advise: extern "C" fn(*const c_void, u64, u32, Loc) -> i32,
-    prefetch: extern "C" fn(*const c_void, usize, Loc, u32, *mut c_void) -> i32,
-    reserve: unsafe extern "C" fn(*mut *mut c_void, usize, usize, *mut c_void, u64) -> i32,
-    release: extern "C" fn(*mut c_void) -> i32,
-    malloc_physical:
+    pub(super) init: unsafe extern "C" fn(*const libc::c_char) -> i32,
+    pub(super) finalize: extern "C" fn() -> i32,
+    pub(super) set_device: extern "C" fn(i32) -> i32,
+    pub(super) create_stream: unsafe extern "C" fn(*mut *mut c_void) -> i32,
+    pub(super) destroy_stream: extern "C" fn(*mut c_void) -> i32,
+    pub(super) sync_stream: extern "C" fn(*mut c_void) -> i32,
+    pub(super) alloc_managed: unsafe extern "C" fn(*mut *mut c_void, u64, u32) -> i32,
+    pub(super) memset: extern "C" fn(*mut c_void, usize, i32, usize) -> i32,
+    pub(super) free: extern "C" fn(*mut c_void) -> i32,
+    pub(super) get_attr: unsafe extern "C" fn(u32, *const c_void, usize, *mut c_void, usize) -> i32,
+    pub(super) advise: extern "C" fn(*const c_void, u64, u32, Loc) -> i32,
+    pub(super) prefetch: extern "C" fn(*const c_void, usize, Loc, u32, *mut c_void) -> i32,
+    pub(super) reserve:
+        unsafe extern "C" fn(*mut *mut c_void, usize, usize, *mut c_void, u64) -> i32,
+    pub(super) release: extern "C" fn(*mut c_void) -> i32,
+    pub(super) malloc_physical:
         unsafe extern "C" fn(*mut *mut c_void, usize, *const AclPhysicalMemProp, u64) -> i32,
-    free_physical: extern "C" fn(*mut c_void) -> i32,
-    map: extern "C" fn(*mut c_void, usize, usize, *mut c_void, u64) -> i32,
-    unmap: extern "C" fn(*mut c_void) -> i32,
-    recent: extern "C" fn() -> *const libc::c_char,
+    pub(super) free_physical: extern "C" fn(*mut c_void) -> i32,
+    pub(super) map: extern "C" fn(*mut c_void, usize, usize, *mut c_void, u64) -> i32,
+    pub(super) unmap: extern "C" fn(*mut c_void) -> i32,
+    pub(super) granularity: unsafe extern "C" fn(*const AclPhysicalMemProp, u32, *mut usize) -> i32,
+    pub(super) recent: extern "C" fn() -> *const libc::c_char,
 }
 
 /// A symbol's address as the function pointer type `F`.
@@ -86,6 +93,7 @@ impl Api {
             free_physical: v::aclrtFreePhysical,
             map: v::aclrtMapMem,
             unmap: v::aclrtUnmapMem,
+            granularity: v::aclrtMemGetAllocationGranularity,
             recent: ascendcl::aclGetRecentErrMsg,
         }
     }
@@ -139,12 +147,13 @@ impl Api {
             free_physical: sym!("aclrtFreePhysical"),
             map: sym!("aclrtMapMem"),
             unmap: sym!("aclrtUnmapMem"),
+            granularity: sym!("aclrtMemGetAllocationGranularity"),
             recent: sym!("aclGetRecentErrMsg"),
         })
     }
 }
 
-fn acl(api: &Api, r: i32, what: &str) -> Result<(), String> {
+pub(super) fn acl(api: &Api, r: i32, what: &str) -> Result<(), String> {
     if r == 0 {
         return Ok(());
     }
@@ -165,11 +174,19 @@ fn per_op(n: usize, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, St
 pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
     let iters = args.iters.max(16);
     let rounds = args.rounds.max(3);
-    // The library reads its configuration from the environment at aclInit.
-    std::env::set_var("HETMEM_BACKEND", "host");
-    std::env::set_var("HETMEM_HOST_DEVICES", "1");
-    std::env::set_var("HETMEM_HOST_DEVICE_MEMORY", "256M");
-    std::env::remove_var("HETMEM_HOST_MAX_ALLOC");
+    // The library reads its configuration from the environment at aclInit: the host backend
+    // unless `HETMEM_BACKEND=cuda` is set (then the sleep-mode rows get the driver baseline).
+    let cuda = std::env::var("HETMEM_BACKEND").is_ok_and(|b| b.trim().eq_ignore_ascii_case("cuda"));
+    if cuda {
+        std::env::set_var("HETMEM_BACKEND", "cuda");
+    } else {
+        std::env::set_var("HETMEM_BACKEND", "host");
+        std::env::set_var("HETMEM_HOST_DEVICES", "1");
+        // Room for the sleep-mode rows' 1 GiB (each side holds it in turn).
+        std::env::set_var("HETMEM_HOST_DEVICE_MEMORY", "4G");
+        std::env::remove_var("HETMEM_HOST_MAX_ALLOC");
+    }
+    println!("backend: {}", if cuda { "cuda" } else { "host" });
     let rt = Runtime::from_env().map_err(e2s)?;
     let dev = rt.driver().device(0).ok_or("no device")?;
     let ctx = rt.driver().create_context().map_err(e2s)?;
@@ -339,6 +356,7 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
 
     acl(&api, (api.free_physical)(ph), "aclrtFreePhysical")?;
     acl(&api, (api.release)(va), "aclrtReleaseMemAddress")?;
+    let sleep = super::acl_vmm::rows(&api, &ctx, &dev, cuda, iters.min(128), rounds)?;
     acl(&api, (api.free)(am), "aclrtFree")?;
     acl(&api, (api.destroy_stream)(s), "aclrtDestroyStream")?;
     acl(&api, (api.finalize)(), "aclFinalize")?;
@@ -347,10 +365,11 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
     ctx.free_managed(m).map_err(e2s)?;
     for r in &rows {
         println!(
-            "{}: {:.0} ns added per call",
+            "{}: {:.0} ns added per call (target <= 150 ns)",
             r.op,
             r.hetmem_ns - r.baseline_ns.unwrap_or(0.0)
         );
     }
+    rows.extend(sleep);
     Ok(rows)
 }

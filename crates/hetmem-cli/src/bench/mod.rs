@@ -8,6 +8,7 @@
 //! Each group lives in its own submodule and returns its rows.
 
 mod acl;
+mod acl_vmm;
 mod cuda;
 mod ipc;
 mod kv;

@@ -1,0 +1,426 @@
+//! `hetmem bench acl`, the sleep-mode rows: the virtual-memory path an LLM server's sleep-mode
+//! allocator takes through ACL, one step at a time: `aclrtReserveMemAddress`,
+//! `aclrtMallocPhysical`, `aclrtMapMem` (sleep: `aclrtUnmapMem`, `aclrtFreePhysical`), and at the
+//! end `aclrtReleaseMemAddress`. Two shapes:
+//!
+//! - **2 MiB**: `n` allocations of one granule each (a reservation, a physical object and a
+//!   mapping apiece); each step's figure is ns per allocation (one call).
+//! - **1 GiB of 32 MiB chunks**: one reservation of 1 GiB holding 32 physical objects of 32 MiB,
+//!   each mapped whole; each step's figure is ns per 1 GiB (1 call for reserve and release, 32
+//!   for the others).
+//!
+//! Each step runs all its calls back to back, timed as one block. Every round runs the same
+//! work through the library's C entry points, through hetmem's Rust API (the same calls the
+//! library makes), and on the cuda backend through the bare CUDA driver calls
+//! (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap` + `cuMemSetAccess`, `cuMemUnmap`,
+//! `cuMemRelease`, `cuMemAddressFree`: what hetmem's cuda backend calls for these steps); the
+//! order of the sides turns round by round; the median round counts.
+//!
+//! Rows: `acl_vmm_<step>_<shape>` (C over Rust; target: at most 150 ns added per C call, its
+//! JSON fields `<key>_added_ns_per_call` and `<key>_added_noise_ns_per_call`, the interquartile
+//! half-range of the rounds' paired differences) and, on cuda, `acl_vmm_<step>_<shape>_vs_driver` (C
+//! over the bare driver calls).
+
+use std::ffi::c_void;
+use std::ptr::null_mut;
+use std::time::Instant;
+
+use cudarc::driver::sys;
+use hetmem::{AccessAttribute, Context, Device, PhysicalMemory, PhysicalMemoryFlags, Reservation};
+
+use super::acl::{acl, Api};
+use super::cuda::{ok, rw, RW};
+use super::{e2s, json_extra, median, Row, Unit};
+use ascendcl::vmm::AclPhysicalMemProp;
+
+/// The target of every C-over-Rust row.
+pub const TARGET: &str = "<= 150 ns/call added";
+/// Bytes per chunk of the 1 GiB shape.
+const CHUNK: usize = 32 << 20;
+/// Bytes of the large shape.
+const GIB: usize = 1 << 30;
+
+/// The six steps: the C entry point, the key part, the driver calls of the baseline.
+const STEPS: [(&str, &str, &str); 6] = [
+    ("aclrtReserveMemAddress", "reserve", "cuMemAddressReserve"),
+    ("aclrtMallocPhysical", "malloc_physical", "cuMemCreate"),
+    ("aclrtMapMem", "map", "cuMemMap + cuMemSetAccess"),
+    ("aclrtUnmapMem", "unmap", "cuMemUnmap"),
+    ("aclrtFreePhysical", "free_physical", "cuMemRelease"),
+    ("aclrtReleaseMemAddress", "release", "cuMemAddressFree"),
+];
+
+/// One way of doing the six steps.
+trait Side {
+    type Va;
+    type Ph;
+    fn reserve(&self, size: usize) -> Result<Self::Va, String>;
+    fn base(va: &Self::Va) -> usize;
+    fn create(&self, size: usize) -> Result<Self::Ph, String>;
+    fn map(&self, addr: usize, size: usize, ph: &Self::Ph) -> Result<(), String>;
+    fn unmap(&self, addr: usize, size: usize) -> Result<(), String>;
+    fn destroy(&self, ph: Self::Ph) -> Result<(), String>;
+    fn release(&self, va: Self::Va, size: usize) -> Result<(), String>;
+}
+
+/// `regions` reservations of `reserve` bytes, each filled with physical objects of `chunk`
+/// bytes mapped side by side.
+#[derive(Clone, Copy)]
+struct Shape {
+    regions: usize,
+    reserve: usize,
+    chunk: usize,
+}
+
+impl Shape {
+    fn per_region(self) -> usize {
+        self.reserve / self.chunk
+    }
+}
+
+/// One round of the six steps; ns per region for each.
+fn round<S: Side>(s: &S, sh: Shape) -> Result<[f64; 6], String> {
+    let k = sh.per_region();
+    let mut vas = Vec::with_capacity(sh.regions);
+    let mut phs = Vec::with_capacity(sh.regions * k);
+    let mut out = [0.0; 6];
+    let per = |t: Instant| t.elapsed().as_nanos() as f64 / sh.regions as f64;
+    let t = Instant::now();
+    for _ in 0..sh.regions {
+        vas.push(s.reserve(sh.reserve)?);
+    }
+    out[0] = per(t);
+    let t = Instant::now();
+    for _ in 0..sh.regions * k {
+        phs.push(s.create(sh.chunk)?);
+    }
+    out[1] = per(t);
+    let t = Instant::now();
+    for (i, ph) in phs.iter().enumerate() {
+        s.map(S::base(&vas[i / k]) + (i % k) * sh.chunk, sh.chunk, ph)?;
+    }
+    out[2] = per(t);
+    let t = Instant::now();
+    for i in 0..phs.len() {
+        s.unmap(S::base(&vas[i / k]) + (i % k) * sh.chunk, sh.chunk)?;
+    }
+    out[3] = per(t);
+    let t = Instant::now();
+    for ph in phs {
+        s.destroy(ph)?;
+    }
+    out[4] = per(t);
+    let t = Instant::now();
+    for va in vas {
+        s.release(va, sh.reserve)?;
+    }
+    out[5] = per(t);
+    Ok(out)
+}
+
+/// The library's C entry points.
+struct C<'a> {
+    api: &'a Api,
+    prop: AclPhysicalMemProp,
+}
+
+impl Side for C<'_> {
+    type Va = usize;
+    type Ph = *mut c_void;
+    fn reserve(&self, size: usize) -> Result<usize, String> {
+        let mut va: *mut c_void = null_mut();
+        // SAFETY: a valid out-pointer; no hint.
+        let r = unsafe { (self.api.reserve)(&mut va, size, 0, null_mut(), 0) };
+        acl(self.api, r, "aclrtReserveMemAddress")?;
+        Ok(va as usize)
+    }
+    fn base(va: &usize) -> usize {
+        *va
+    }
+    fn create(&self, size: usize) -> Result<*mut c_void, String> {
+        let mut ph: *mut c_void = null_mut();
+        // SAFETY: a valid out-pointer and property struct.
+        let r = unsafe { (self.api.malloc_physical)(&mut ph, size, &self.prop, 0) };
+        acl(self.api, r, "aclrtMallocPhysical")?;
+        Ok(ph)
+    }
+    fn map(&self, addr: usize, size: usize, ph: &*mut c_void) -> Result<(), String> {
+        let r = (self.api.map)(addr as *mut c_void, size, 0, *ph, 0);
+        acl(self.api, r, "aclrtMapMem")
+    }
+    fn unmap(&self, addr: usize, _size: usize) -> Result<(), String> {
+        acl(
+            self.api,
+            (self.api.unmap)(addr as *mut c_void),
+            "aclrtUnmapMem",
+        )
+    }
+    fn destroy(&self, ph: *mut c_void) -> Result<(), String> {
+        acl(self.api, (self.api.free_physical)(ph), "aclrtFreePhysical")
+    }
+    fn release(&self, va: usize, _size: usize) -> Result<(), String> {
+        acl(
+            self.api,
+            (self.api.release)(va as *mut c_void),
+            "aclrtReleaseMemAddress",
+        )
+    }
+}
+
+/// hetmem's Rust API: the calls the library makes for each step.
+struct Rust<'a> {
+    ctx: &'a Context,
+    dev: &'a Device,
+}
+
+impl Side for Rust<'_> {
+    type Va = Reservation;
+    type Ph = PhysicalMemory;
+    fn reserve(&self, size: usize) -> Result<Reservation, String> {
+        self.ctx.reserve(None, size).map_err(e2s)
+    }
+    fn base(va: &Reservation) -> usize {
+        va.base
+    }
+    fn create(&self, size: usize) -> Result<PhysicalMemory, String> {
+        self.ctx
+            .create_physical_memory(Some(self.dev), PhysicalMemoryFlags::AllocateOnDevice, size)
+            .map_err(e2s)
+    }
+    fn map(&self, addr: usize, size: usize, ph: &PhysicalMemory) -> Result<(), String> {
+        self.ctx
+            .map(addr, size, *ph, 0, AccessAttribute::ReadWrite)
+            .map_err(e2s)
+    }
+    fn unmap(&self, addr: usize, size: usize) -> Result<(), String> {
+        self.ctx.unmap(addr, size).map_err(e2s)
+    }
+    fn destroy(&self, ph: PhysicalMemory) -> Result<(), String> {
+        self.ctx.destroy_physical_memory(ph).map_err(e2s)
+    }
+    fn release(&self, va: Reservation, _size: usize) -> Result<(), String> {
+        self.ctx.free_reservation(va).map_err(e2s)
+    }
+}
+
+/// The bare CUDA driver calls, in device 0's primary context (current on this thread);
+/// `cuMemCreate` is told what hetmem's cuda backend tells it (pinned, device 0, POSIX-fd
+/// shareable).
+struct Driver {
+    align: usize,
+    prop: sys::CUmemAllocationProp,
+}
+
+impl Side for Driver {
+    type Va = u64;
+    type Ph = sys::CUmemGenericAllocationHandle;
+    fn reserve(&self, size: usize) -> Result<u64, String> {
+        let mut a = 0;
+        // SAFETY: a valid out-pointer; reserving address space changes no mapping.
+        ok("cuMemAddressReserve", unsafe {
+            sys::cuMemAddressReserve(&mut a, size, self.align, 0, 0)
+        })?;
+        Ok(a)
+    }
+    fn base(va: &u64) -> usize {
+        *va as usize
+    }
+    fn create(&self, size: usize) -> Result<Self::Ph, String> {
+        let mut h = 0;
+        // SAFETY: valid pointers.
+        ok("cuMemCreate", unsafe {
+            sys::cuMemCreate(&mut h, size, &self.prop, 0)
+        })?;
+        Ok(h)
+    }
+    fn map(&self, addr: usize, size: usize, ph: &Self::Ph) -> Result<(), String> {
+        // SAFETY: an unmapped piece of our reservation, the allocation's whole size.
+        unsafe {
+            ok("cuMemMap", sys::cuMemMap(addr as u64, size, 0, *ph, 0))?;
+            ok(
+                "cuMemSetAccess",
+                sys::cuMemSetAccess(addr as u64, size, &rw(RW), 1),
+            )
+        }
+    }
+    fn unmap(&self, addr: usize, size: usize) -> Result<(), String> {
+        // SAFETY: one whole mapping of ours, unused.
+        ok("cuMemUnmap", unsafe { sys::cuMemUnmap(addr as u64, size) })
+    }
+    fn destroy(&self, ph: Self::Ph) -> Result<(), String> {
+        // SAFETY: our allocation, unmapped.
+        ok("cuMemRelease", unsafe { sys::cuMemRelease(ph) })
+    }
+    fn release(&self, va: u64, size: usize) -> Result<(), String> {
+        // SAFETY: our reservation, nothing mapped in it.
+        ok("cuMemAddressFree", unsafe {
+            sys::cuMemAddressFree(va, size)
+        })
+    }
+}
+
+/// Makes device 0's primary context current on this thread, for the driver baseline.
+fn driver_context() -> Result<(), String> {
+    // SAFETY: plain driver calls with valid out-pointers (the cuda backend initialized it).
+    unsafe {
+        let mut d = 0;
+        ok("cuDeviceGet", sys::cuDeviceGet(&mut d, 0))?;
+        let mut c = null_mut();
+        ok(
+            "cuDevicePrimaryCtxRetain",
+            sys::cuDevicePrimaryCtxRetain(&mut c, d),
+        )?;
+        ok("cuCtxSetCurrent", sys::cuCtxSetCurrent(c))
+    }
+}
+
+/// The sleep-mode rows (see the module docs). `cuda`: the backend is cuda (adds the driver
+/// baseline). `n`: allocations of the 2 MiB shape per round.
+pub fn rows(
+    api: &Api,
+    ctx: &Context,
+    dev: &Device,
+    cuda: bool,
+    n: usize,
+    rounds: usize,
+) -> Result<Vec<Row>, String> {
+    let prop = AclPhysicalMemProp {
+        handle_type: 0,
+        allocation_type: 0,
+        mem_attr: 0,
+        location_id: 0,
+        location_type: 1,
+        reserve: 0,
+    };
+    let mut gran = 0usize;
+    // SAFETY: valid property struct and out-pointer.
+    let r = unsafe { (api.granularity)(&prop, 0, &mut gran) };
+    acl(api, r, "aclrtMemGetAllocationGranularity")?;
+    let rust_gran = ctx.acl_granularity(dev).map_err(e2s)?;
+    if gran != rust_gran || !CHUNK.is_multiple_of(gran) {
+        return Err(format!(
+            "granularity: the C library answers {gran}, hetmem {rust_gran}; the 1 GiB shape \
+             needs one that divides 32 MiB"
+        ));
+    }
+    let c = C { api, prop };
+    let rust = Rust { ctx, dev };
+    let drv = Driver {
+        align: gran,
+        prop: super::cuda::prop(),
+    };
+    if cuda {
+        driver_context()?;
+    }
+    let shapes = [
+        (
+            "2MiB",
+            "2mib",
+            Shape {
+                regions: n,
+                reserve: gran,
+                chunk: gran,
+            },
+        ),
+        (
+            "1GiB/32MiB",
+            "1gib_32mib",
+            Shape {
+                regions: 1,
+                reserve: GIB,
+                chunk: CHUNK,
+            },
+        ),
+    ];
+    let sides = if cuda { 3 } else { 2 };
+    let mut rows = Vec::new();
+    let mut lines = Vec::new();
+    for (size, tag, sh) in shapes {
+        // figures[side][step]: one value per counted round.
+        let mut figures = vec![vec![Vec::new(); 6]; sides];
+        for rd in 0..=rounds {
+            for j in 0..sides {
+                let side = (rd + j) % sides;
+                let f = match side {
+                    0 => round(&c, sh)?,
+                    1 => round(&rust, sh)?,
+                    _ => round(&drv, sh)?,
+                };
+                if rd > 0 {
+                    for (st, v) in f.into_iter().enumerate() {
+                        figures[side][st].push(v);
+                    }
+                }
+            }
+        }
+        // Paired differences C - Rust per round: their interquartile half-range is the noise
+        // of the added time.
+        let spread: Vec<f64> = (0..6)
+            .map(|st| {
+                let mut d: Vec<f64> = figures[0][st]
+                    .iter()
+                    .zip(&figures[1][st])
+                    .map(|(c, r)| c - r)
+                    .collect();
+                d.sort_by(|a, b| a.total_cmp(b));
+                (d[d.len() * 3 / 4] - d[d.len() / 4]) / 2.0
+            })
+            .collect();
+        let med: Vec<Vec<f64>> = figures
+            .into_iter()
+            .map(|s| s.into_iter().map(median).collect())
+            .collect();
+        for (st, (entry, part, driver)) in STEPS.into_iter().enumerate() {
+            let calls = if st == 0 || st == 5 {
+                1
+            } else {
+                sh.per_region()
+            };
+            let key = format!("acl_vmm_{part}_{tag}");
+            let (cn, rn) = (med[0][st], med[1][st]);
+            let added = (cn - rn) / calls as f64;
+            let noise = spread[st] / calls as f64;
+            json_extra(&format!("{key}_added_ns_per_call"), added);
+            json_extra(&format!("{key}_added_noise_ns_per_call"), noise);
+            lines.push(format!(
+                "{entry} {size}: C {cn:.0} ns, Rust {rn:.0} ns per {unit} ({calls} call{s}): \
+                 {added:+.0} ns per call, noise +-{noise:.0} (target <= 150 ns added: {verdict})",
+                unit = if tag == "2mib" { "allocation" } else { "1 GiB" },
+                s = if calls == 1 { "" } else { "s" },
+                verdict = if added <= 150.0 {
+                    "met"
+                } else if added - noise <= 150.0 {
+                    "within noise"
+                } else {
+                    "NOT MET"
+                },
+            ));
+            rows.push(Row {
+                op: entry,
+                size,
+                key: key.clone(),
+                unit: Unit::Ns,
+                hetmem_ns: cn,
+                baseline_ns: Some(rn),
+                baseline: "the same hetmem Rust call(s)",
+                target: Some(TARGET),
+            });
+            if cuda {
+                rows.push(Row {
+                    op: entry,
+                    size,
+                    key: format!("{key}_vs_driver"),
+                    unit: Unit::Ns,
+                    hetmem_ns: cn,
+                    baseline_ns: Some(med[2][st]),
+                    baseline: driver,
+                    target: None,
+                });
+            }
+        }
+    }
+    for l in lines {
+        println!("{l}");
+    }
+    Ok(rows)
+}
