@@ -576,6 +576,13 @@ fn runtime_table_zer_default_context_and_identifiers() {
     loader_suite("zer");
 }
 
+/// Case 6 of `shared/cases/level-zero.md`: get an allocation's (and mapped physical memory's)
+/// IPC handle N times, put it N times, through any context of the driver; 8 threads at once.
+#[test]
+fn case_6_ipc_get_many_put_many() {
+    loader_suite("cases_ipc6");
+}
+
 #[test]
 fn queues_lists_events_fences_and_free_policies() {
     loader_suite("queue");

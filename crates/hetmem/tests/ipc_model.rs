@@ -86,6 +86,12 @@ struct MExport {
     kind: IpcHandleKind,
     layout: Vec<Sub>,
     live: bool,
+    /// Gets not yet put (gets of the same memory count on one export: case 6 of
+    /// `shared/cases/level-zero.md`).
+    refs: usize,
+    /// What it shares, for gets of the same memory: `(false, key)` an allocation, `(true,
+    /// key)` a whole physical object; `None` a range handle (each get its own export).
+    source: Option<(bool, Key)>,
 }
 
 #[derive(Debug)]
@@ -273,6 +279,42 @@ impl Model {
     fn live_exports(&self) -> usize {
         self.exports.iter().filter(|e| e.live).count()
     }
+    /// Records a get: another get of the live export of `source` (the same handle, counted),
+    /// or a new export.
+    fn got(
+        &mut self,
+        handle: IpcHandle,
+        kind: IpcHandleKind,
+        layout: Vec<Sub>,
+        source: Option<(bool, Key)>,
+    ) -> std::result::Result<(), TestCaseError> {
+        if let Some(e) = self
+            .exports
+            .iter_mut()
+            .find(|e| e.live && source.is_some() && e.source == source)
+        {
+            prop_assert_eq!(
+                e.handle,
+                handle,
+                "a get of exported memory gives its handle"
+            );
+            e.refs += 1;
+            return Ok(());
+        }
+        prop_assert!(
+            self.exports.iter().all(|e| e.handle != handle),
+            "a new export gives a new handle"
+        );
+        self.exports.push(MExport {
+            handle,
+            kind,
+            layout,
+            live: true,
+            refs: 1,
+            source,
+        });
+        Ok(())
+    }
     /// The arena's reservation index of arena page `p`.
     fn res_of(p: usize) -> usize {
         p / RES_PAGES
@@ -452,12 +494,8 @@ fn step(w: &World, m: &mut Model, op: &Op) -> std::result::Result<(), TestCaseEr
                 .map_err(|e| TestCaseError::fail(format!("get alloc: {e}")))?;
             prop_assert_eq!(h.size(), Some(a.subs * sub));
             let layout = (0..a.subs).map(|s| (a.key, s)).collect();
-            m.exports.push(MExport {
-                handle: h,
-                kind: IpcHandleKind::Allocation,
-                layout,
-                live: true,
-            });
+            let key = a.key;
+            m.got(h, IpcHandleKind::Allocation, layout, Some((false, key)))?;
         }
         Op::GetMapped { at } => {
             let s = at % (ARENA_PAGES * spp);
@@ -478,12 +516,7 @@ fn step(w: &World, m: &mut Model, op: &Op) -> std::result::Result<(), TestCaseEr
                         .map_err(|e| TestCaseError::fail(format!("get mapped: {e}")))?;
                     prop_assert_eq!(h.size(), Some(o.subs * sub));
                     let layout = (0..o.subs).map(|i| (key, i)).collect();
-                    m.exports.push(MExport {
-                        handle: h,
-                        kind: IpcHandleKind::Physical,
-                        layout,
-                        live: true,
-                    });
+                    m.got(h, IpcHandleKind::Physical, layout, Some((true, key)))?;
                 }
             }
         }
@@ -498,12 +531,8 @@ fn step(w: &World, m: &mut Model, op: &Op) -> std::result::Result<(), TestCaseEr
                 .map_err(|e| TestCaseError::fail(format!("get physical: {e}")))?;
             prop_assert_eq!(h.size(), Some(o.subs * sub));
             let layout = (0..o.subs).map(|i| (o.key, i)).collect();
-            m.exports.push(MExport {
-                handle: h,
-                kind: IpcHandleKind::Physical,
-                layout,
-                live: true,
-            });
+            let key = o.key;
+            m.got(h, IpcHandleKind::Physical, layout, Some((true, key)))?;
         }
         Op::GetRange { how, start, len } => {
             let total = ARENA_PAGES * spp;
@@ -606,12 +635,7 @@ fn step(w: &World, m: &mut Model, op: &Op) -> std::result::Result<(), TestCaseEr
                             .map_err(|e| TestCaseError::fail(format!("get range: {e}")))?;
                         prop_assert_eq!(h.size(), Some(len * sub));
                         let layout = (s..s + len).map(|i| m.arena[i].unwrap()).collect();
-                        m.exports.push(MExport {
-                            handle: h,
-                            kind: IpcHandleKind::Range,
-                            layout,
-                            live: true,
-                        });
+                        m.got(h, IpcHandleKind::Range, layout, None)?;
                     }
                 }
             }
@@ -688,7 +712,8 @@ fn step(w: &World, m: &mut Model, op: &Op) -> std::result::Result<(), TestCaseEr
                 w.ctx
                     .put_ipc_handle(&h)
                     .map_err(|e| TestCaseError::fail(format!("put: {e}")))?;
-                m.exports[i].live = false;
+                m.exports[i].refs -= 1;
+                m.exports[i].live = m.exports[i].refs > 0;
             } else {
                 expect_err(w, INVALID_ARGUMENT, "put twice", || {
                     w.ctx.put_ipc_handle(&h)
@@ -861,7 +886,9 @@ fn run(ops: &[Op]) -> std::result::Result<(), TestCaseError> {
         w.ctx.close_ipc_handle(v.ptr).unwrap();
     }
     for e in m.exports.iter().filter(|e| e.live) {
-        w.ctx.put_ipc_handle(&e.handle).unwrap();
+        for _ in 0..e.refs {
+            w.ctx.put_ipc_handle(&e.handle).unwrap();
+        }
     }
     for r in &w.arena {
         w.ctx.free_reservation(*r).unwrap();

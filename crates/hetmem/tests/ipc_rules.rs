@@ -432,18 +432,20 @@ fn open_flags_over_3_are_invalid_enumeration_and_malformed_bytes_invalid_argumen
 }
 
 #[test]
-fn put_twice_put_of_a_foreign_handle_and_open_after_put_are_invalid_argument() {
+fn put_twice_put_of_another_drivers_handle_and_open_after_put_are_invalid_argument() {
     if common::skip() {
         return;
     }
     let _g = shared();
     let rt = runtime();
     let ctx = rt.driver().create_context().unwrap();
-    let other = rt.driver().create_context().unwrap();
+    let rt2 = runtime();
+    let foreign = rt2.driver().create_context().unwrap();
     let e = make_alloc(&ctx);
     let h = ctx.get_ipc_handle(e.ptr).unwrap();
+    // A context of another driver (runtime) of this process: not its export.
     assert_eq!(
-        other.put_ipc_handle(&h).unwrap_err().ze_result(),
+        foreign.put_ipc_handle(&h).unwrap_err().ze_result(),
         0x7800_0004
     );
     let view = ctx.open_ipc_handle(&h, 0).unwrap();
@@ -457,6 +459,66 @@ fn put_twice_put_of_a_foreign_handle_and_open_after_put_are_invalid_argument() {
     e.destroy(&ctx);
     assert_eq!(dev_check(&ctx, view, 1 << 20, 8), None);
     ctx.close_ipc_handle(view).unwrap();
+}
+
+/// Case 6 of `shared/cases/level-zero.md`: gets of one memory count on one export (the same
+/// handle each time), every put of them `SUCCESS`, through any context of the driver; a get
+/// after the last put makes a new export; opens work until the last put.
+#[test]
+fn get_n_times_put_n_times_through_any_context_of_the_driver() {
+    if common::skip() {
+        return;
+    }
+    let _g = shared();
+    let rt = runtime();
+    let ctx = rt.driver().create_context().unwrap();
+    let other = rt.driver().create_context().unwrap();
+    for kind in ["allocation", "physical object"] {
+        let e = match kind {
+            "allocation" => make_alloc(&ctx),
+            _ => make_physical(&ctx),
+        };
+        dev_fill(&ctx, e.ptr, e.size, 21);
+        let before = rt.driver().ipc_stats().exports;
+        for n in 1..=8 {
+            let hs: Vec<IpcHandle> = (0..n).map(|_| ctx.get_ipc_handle(e.ptr).unwrap()).collect();
+            assert!(
+                hs.iter().all(|h| h == &hs[0]),
+                "{kind}: one handle per memory"
+            );
+            assert_eq!(
+                rt.driver().ipc_stats().exports,
+                before + 1,
+                "{kind}: one export"
+            );
+            for (i, h) in hs.iter().enumerate() {
+                // The last put goes through the other context of the same driver.
+                let through = if i == n - 1 { &other } else { &ctx };
+                let v = ctx.open_ipc_handle(h, 0).unwrap();
+                assert_eq!(dev_check(&ctx, v, 1 << 20, 21), None, "{kind}");
+                ctx.close_ipc_handle(v).unwrap();
+                through.put_ipc_handle(h).unwrap();
+            }
+            assert_eq!(rt.driver().ipc_stats().exports, before, "{kind}: n = {n}");
+            assert_eq!(
+                ctx.open_ipc_handle(&hs[0], 0).unwrap_err().ze_result(),
+                0x7800_0004,
+                "{kind}: opened after the last put"
+            );
+            assert_eq!(
+                ctx.put_ipc_handle(&hs[0]).unwrap_err().ze_result(),
+                0x7800_0004,
+                "{kind}: one put more than gets"
+            );
+        }
+        // A get after the last put: a new export, a new handle.
+        let h = ctx.get_ipc_handle(e.ptr).unwrap();
+        let v = ctx.open_ipc_handle(&h, 0).unwrap();
+        assert_eq!(dev_check(&ctx, v, 1 << 20, 21), None);
+        ctx.close_ipc_handle(v).unwrap();
+        ctx.put_ipc_handle(&h).unwrap();
+        e.destroy(&ctx);
+    }
 }
 
 #[test]

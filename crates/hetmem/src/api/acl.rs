@@ -57,7 +57,7 @@ impl Context {
     /// goes and its IPC handle is put (importers keep what they imported). Never fails; nothing
     /// happens for an object that is not exported.
     pub fn acl_unexport_shareable(&self, mem: PhysicalMemory) {
-        shareable::unexport(self.d(), self.id(), mem)
+        shareable::unexport(self.d(), mem)
     }
 }
 

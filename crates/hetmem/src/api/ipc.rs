@@ -62,7 +62,8 @@ impl Driver {
 impl Context {
     /// `zeMemGetIpcHandle`: a handle for the allocation containing `ptr` (any byte of it; the
     /// view is the allocation's page-rounded size in bytes), or for the whole physical object
-    /// mapped at `ptr` in a reservation.
+    /// mapped at `ptr` in a reservation. Every get of the same memory returns the same handle
+    /// (one export, counting its gets); each needs one [`Context::put_ipc_handle`].
     ///
     /// Errors: `InvalidNullPointer` for null; `InvalidArgument` for a pointer in no allocation
     /// of this context and no mapped page, or in imported system memory; as
@@ -188,14 +189,16 @@ impl Context {
         crate::semantics::ipc::import::close(self.d(), self.id(), ptr)
     }
 
-    /// `zeMemPutIpcHandle`: releases what the export of `handle` holds (its fds; the memory
-    /// goes once nothing else holds it). Views already opened stay valid; later opens fail.
+    /// `zeMemPutIpcHandle`: returns one get of `handle` (any context of the exporting driver
+    /// may put it). Gets of the same memory return the same handle and count on one export;
+    /// the last put releases what the export holds (its fds; the memory goes once nothing else
+    /// holds it). Views already opened stay valid; opens after the last put fail.
     ///
     /// Errors: `InvalidArgument` for bytes that are not a handle (forged, corrupted), a handle
-    /// exported by another process or context, one already put, or one whose context is gone.
-    /// Nothing changes on error.
+    /// exported by another process or driver, one put as often as it was got, or one whose
+    /// context is gone. Nothing changes on error.
     pub fn put_ipc_handle(&self, handle: &IpcHandle) -> Result<()> {
-        crate::semantics::ipc::import::put(self.id(), handle)
+        crate::semantics::ipc::import::put(self.d(), handle)
     }
 
     /// `zeMemGetIpcHandleFromFileDescriptorExp`: the IPC handle for the memory behind `fd`, a

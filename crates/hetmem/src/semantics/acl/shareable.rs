@@ -193,7 +193,7 @@ pub(crate) fn export(
     let handle = export_physical(d, context, mem.id, None)?;
     let s = (std::process::id() as u64) << 32 | NEXT.fetch_add(1, Ordering::Relaxed) as u64;
     if let Err(e) = write(d, s, flags, &handle, &[]) {
-        let _ = put(context, &handle);
+        let _ = put(d, &handle);
         return Err(e);
     }
     ex.by_mem.insert(mem.id, s);
@@ -258,9 +258,9 @@ pub(crate) fn import(
     import_physical(d, context, &handle, device)
 }
 
-/// Ends the export of `mem` (of context `context`), if any: its record goes and its IPC handle
+/// Ends the export of `mem`, if any: its record goes and its IPC handle
 /// is put (importers keep what they imported). Never fails.
-pub(crate) fn unexport(d: &DriverShared, context: u64, mem: PhysicalMemory) {
+pub(crate) fn unexport(d: &DriverShared, mem: PhysicalMemory) {
     let e = {
         let mut ex = EXPORTS.lock();
         let Some(s) = ex.by_mem.remove(&mem.id) else {
@@ -271,7 +271,7 @@ pub(crate) fn unexport(d: &DriverShared, context: u64, mem: PhysicalMemory) {
     if let Some((s, e)) = e {
         debug_assert_eq!(e.mem, mem.id);
         remove_record(d, &record_name(s));
-        let _ = put(context, &e.handle);
+        let _ = put(d, &e.handle);
     }
 }
 

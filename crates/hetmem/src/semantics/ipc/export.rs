@@ -11,8 +11,12 @@
 //!   inside an allocation exports the whole allocation (of this context, else
 //!   `InvalidArgument`); a pointer in a mapped page of a reservation (or
 //!   `Context::get_physical_memory_ipc_handle`) exports the whole physical object mapped there.
-//!   Each get makes a new export that holds the memory until `Context::put_ipc_handle` (or the
-//!   context goes). Handle types: [`crate::semantics::ipc::handle_types`].
+//!   One export per memory: the first get of an allocation, physical object or mapping makes
+//!   an export that holds the memory; every later get of the same memory returns the same
+//!   handle and counts on that export, each `Context::put_ipc_handle` counts one down, and the
+//!   last put (or the context going) releases it (the reference driver's refcounted handles:
+//!   get N times, put N times, every put `SUCCESS`). Handle types:
+//!   [`crate::semantics::ipc::handle_types`].
 //! - Range (`range_size` set): null -> `InvalidNullPointer`; size 0 -> `InvalidSize`; a range
 //!   past the end of the address space -> `InvalidArgument`. The range may start at any byte
 //!   and have any size (the spec: "the caller may start at an arbitrary offset within a mapped
@@ -43,7 +47,9 @@ use crate::semantics::driver::DriverShared;
 use crate::semantics::ipc::broker::start_broker;
 use crate::semantics::ipc::format::{encode, run_pieces, whole_pieces, Decoded, IpcHandle, Piece};
 use crate::semantics::ipc::handle_types::{check_handle_types, SUPPORTED_TYPES};
-use crate::semantics::ipc::registry::{driver_id, fresh_export_id, own_pid, ExportRec, EXPORTS};
+use crate::semantics::ipc::registry::{
+    driver_id, fresh_export_id, own_pid, ExportRec, Source, EXPORTS,
+};
 use crate::semantics::ipc::views::{mapping_granularity, view_overlapping};
 use crate::semantics::usm::MemoryType;
 use crate::semantics::vmm::{PhysicalMemory, PhysicalMemoryFlags};
@@ -75,7 +81,7 @@ pub(crate) fn get(
         return range(d, context, ptr, size, asked);
     }
     let usm = d.usm.read();
-    if let Some((_, span, kind, _, ctx, raw)) = usm.ipc_source(ptr) {
+    if let Some((_, span, kind, uid, ctx, raw)) = usm.ipc_source(ptr) {
         if ctx != context {
             return Err(Error::InvalidArgument(format!(
                 "{} is an allocation of another context",
@@ -89,6 +95,10 @@ pub(crate) fn get(
             )));
         };
         check_handle_types(asked, SUPPORTED_TYPES, usm.ipc_types(ptr))?;
+        let source = Source::Allocation(uid);
+        if let Some(h) = EXPORTS.lock().reuse(source) {
+            return Ok(h);
+        }
         let parts = d.backend.export_allocation(raw)?;
         let capacity = usm.ipc_charge(ptr).into_iter().collect();
         drop(usm);
@@ -104,6 +114,7 @@ pub(crate) fn get(
             1,
             (0, 0),
             capacity,
+            Some(source),
         );
     }
     drop(usm);
@@ -150,6 +161,10 @@ fn export_physical(
         }
     };
     check_handle_types(asked, SUPPORTED_TYPES, vm.physical_ipc_types(id))?;
+    let source = Source::Physical(id);
+    if let Some(h) = EXPORTS.lock().reuse(source) {
+        return Ok(h);
+    }
     let parts = d.backend.export_physical(raw)?;
     let capacity = vm.physical_charge(id).into_iter().collect();
     drop(vm);
@@ -165,6 +180,7 @@ fn export_physical(
         1,
         (0, 0),
         capacity,
+        Some(source),
     )
 }
 
@@ -333,13 +349,16 @@ pub(crate) fn range(
         run_count,
         (lead, tail),
         capacity,
+        None,
     )
 }
 
 /// Registers an export of context `context` of driver `d` and makes
 /// its handle. A range handle claims `runs` pieces (the mapped runs of the range, the count
 /// [`crate::Driver::ipc_max_range_pieces`] limits, the same on every backend); `pieces` may cut
-/// them further at the backend's part boundaries.
+/// them further at the backend's part boundaries. With a `source`, a get of the same memory
+/// that registered first (another thread, between our look-up and here) wins: its export is
+/// counted and returned, and `parts` are closed.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn register(
     d: &DriverShared,
@@ -352,6 +371,7 @@ pub(crate) fn register(
     runs: usize,
     (lead, tail): (u32, u32),
     capacity: Vec<Arc<Charge>>,
+    source: Option<Source>,
 ) -> Result<IpcHandle> {
     let backend = d.backend.as_ref();
     let nonce = start_broker(backend)?;
@@ -375,6 +395,10 @@ pub(crate) fn register(
     })?;
     let fd = crate::backend::ipc::AsRawFd::as_raw_fd(first);
     let mut ex = EXPORTS.lock();
+    if let Some(h) = source.and_then(|s| ex.reuse(s)) {
+        drop(ex);
+        return Ok(h);
+    }
     let id = fresh_export_id(&ex);
     let h = Decoded {
         kind,
@@ -390,6 +414,7 @@ pub(crate) fn register(
         lead,
         tail,
     };
+    let handle = encode(fd, &h);
     ex.insert(
         id,
         ExportRec {
@@ -403,9 +428,12 @@ pub(crate) fn register(
             sizes: sizes.into(),
             pieces: pieces.into(),
             capacity: capacity.into(),
+            source,
+            refs: 1,
+            handle,
         },
     );
-    Ok(encode(fd, &h))
+    Ok(handle)
 }
 
 /// `zePhysicalMemCreate` with `ze_ipc_mem_handle_type_ext_desc_t` chained

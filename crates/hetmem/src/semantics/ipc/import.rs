@@ -41,7 +41,10 @@
 //! - Close: null -> `InvalidNullPointer`; not a pointer returned by open in this context ->
 //!   `InvalidArgument`. Close (and context teardown) blocks until no queued or running command
 //!   references the view (`crate::semantics::queue`), waiting with no lock held.
-//! - Put: a handle this process did not export, or already put -> `InvalidArgument`.
+//! - Put: through any context of the exporting driver (the reference driver keeps its
+//!   handles per driver); one put per get ([`crate::semantics::ipc::export`]: gets of the
+//!   same memory count on one export). A handle this process did not export, one of another
+//!   driver, or one put as often as it was got -> `InvalidArgument`.
 
 use crate::backend::ipc::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
@@ -294,7 +297,8 @@ pub(crate) fn release_context(d: &DriverShared, context: u64) {
         // SAFETY: a view we mapped; the context is gone, so nobody uses it.
         unsafe { backend.release_mapped(b, s, &[(b, b + s)]).ok() };
     }
-    EXPORTS.lock().retain(|_, r| r.context != context);
+    let gone = EXPORTS.lock().remove_context(context);
+    drop(gone);
 }
 
 /// `zeMemOpenIpcHandle` in context `context` of driver `d`: maps what `handle` shares into a
@@ -440,13 +444,14 @@ pub(crate) fn close(d: &DriverShared, context: u64, ptr: usize) -> Result<()> {
     Ok(())
 }
 
-/// `zeMemPutIpcHandle` in context `context`: releases what the export of `handle` holds (its
-/// fds; the memory goes once nothing else holds it). Views already opened stay valid.
+/// `zeMemPutIpcHandle` through any context of driver `d`: one get of the export of `handle`
+/// is returned; the last put releases what the export holds (its fds; the memory goes once
+/// nothing else holds it). Views already opened stay valid.
 ///
 /// Errors: `InvalidArgument` for bytes that are not a handle, a handle exported by another
-/// process or context, one already put, or one whose context is gone. Nothing changes on
-/// error.
-pub(crate) fn put(context: u64, handle: &IpcHandle) -> Result<()> {
+/// process or driver, one whose gets were all put already, or one whose context is gone.
+/// Nothing changes on error.
+pub(crate) fn put(d: &DriverShared, handle: &IpcHandle) -> Result<()> {
     let h = decode(handle)?;
     if h.pid != own_pid() {
         return Err(Error::InvalidArgument(format!(
@@ -457,23 +462,24 @@ pub(crate) fn put(context: u64, handle: &IpcHandle) -> Result<()> {
     }
     let mut ex = EXPORTS.lock();
     match ex.get(&h.id) {
-        Some(r) if r.context == context && token_eq(&r.token, &h.token) => {}
+        Some(r) if r.driver == driver_id(d) && token_eq(&r.token, &h.token) => {}
         Some(_) => {
             return Err(Error::InvalidArgument(format!(
-                "export {} belongs to another context or the token is wrong",
+                "export {} belongs to another driver or the token is wrong",
                 h.id
             )))
         }
         None => {
             return Err(Error::InvalidArgument(format!(
-                "export {} was already put or never existed",
+                "export {} was already put as often as it was got, or never existed",
                 h.id
             )))
         }
     }
-    let rec = ex.remove(&h.id).expect("checked");
+    let last = ex.put(h.id);
     drop(ex);
-    drop(rec);
+    // The last put's fds close here, with no lock held.
+    drop(last);
     Ok(())
 }
 
