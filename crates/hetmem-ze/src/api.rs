@@ -953,6 +953,17 @@ fn to_c(h: &IpcHandle) -> ze_ipc_mem_handle_t {
     ze_ipc_mem_handle_t { data: h.data }
 }
 
+/// A `ze_physical_mem_handle_t` passed as the pointer of `zeMemGetIpcHandle*` (case 7 of
+/// `shared/cases/level-zero.md`; the reference driver accepts it, to share physical memory
+/// before it is mapped anywhere): the object a live physical-memory handle names. Handles are
+/// `(kind << 48) | serial` ([`rt`]), never a user-space address, so no pointer is taken for one.
+fn physical_as_pointer(ptr: *const c_void) -> Option<hetmem::PhysicalMemory> {
+    if ptr as u64 >> 48 != Kind::Physical as u64 {
+        return None;
+    }
+    rt::physical(ptr as H).ok()
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn zeMemGetIpcHandle(
     hContext: H,
@@ -962,7 +973,11 @@ pub unsafe extern "C" fn zeMemGetIpcHandle(
     guard(|| {
         let ctx = rt::context(hContext)?;
         let o = out(pIpcHandle, "pIpcHandle")?;
-        *o = to_c(&ctx.get_ipc_handle(ptr as usize).map_err(ze)?);
+        let h = match physical_as_pointer(ptr) {
+            Some(p) => ctx.get_physical_memory_ipc_handle(p, None),
+            None => ctx.get_ipc_handle(ptr as usize),
+        };
+        *o = to_c(&h.map_err(ze)?);
         OK
     })
 }
@@ -990,10 +1005,11 @@ pub unsafe extern "C" fn zeMemGetIpcHandleWithProperties(
             handle_types: c.ipc_types,
             range_size: c.range,
         };
-        *o = to_c(
-            &ctx.get_ipc_handle_with_properties(ptr as usize, &props)
-                .map_err(ze)?,
-        );
+        let h = match physical_as_pointer(ptr).filter(|_| c.range.is_none()) {
+            Some(p) => ctx.get_physical_memory_ipc_handle(p, c.ipc_types),
+            None => ctx.get_ipc_handle_with_properties(ptr as usize, &props),
+        };
+        *o = to_c(&h.map_err(ze)?);
         OK
     })
 }

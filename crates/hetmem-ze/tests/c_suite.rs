@@ -583,6 +583,20 @@ fn case_6_ipc_get_many_put_many() {
     loader_suite("cases_ipc6");
 }
 
+/// Case 7 of `shared/cases/level-zero.md`: a physical memory handle as the pointer of
+/// `zeMemGetIpcHandle(WithProperties)` (memory mapped nowhere), opened in a child.
+#[test]
+fn case_7_ipc_physical_memory_handle_as_the_pointer() {
+    loader_suite("cases_ipc7");
+}
+
+/// Case 8 of `shared/cases/level-zero.md`: the IPC handle of a mapping at an offset shares the
+/// mapped pages of the object, not its first ones.
+#[test]
+fn case_8_ipc_of_a_mapping_at_an_offset() {
+    loader_suite("cases_ipc8");
+}
+
 #[test]
 fn queues_lists_events_fences_and_free_policies() {
     loader_suite("queue");

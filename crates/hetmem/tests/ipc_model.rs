@@ -89,9 +89,10 @@ struct MExport {
     /// Gets not yet put (gets of the same memory count on one export: case 6 of
     /// `shared/cases/level-zero.md`).
     refs: usize,
-    /// What it shares, for gets of the same memory: `(false, key)` an allocation, `(true,
-    /// key)` a whole physical object; `None` a range handle (each get its own export).
-    source: Option<(bool, Key)>,
+    /// What it shares, for gets of the same memory: `(key, 0, usize::MAX)` a whole
+    /// allocation or physical object, `(key, first sub, subs)` a mapping of part of an object
+    /// (case 8); `None` a range handle (each get its own export).
+    source: Option<(Key, usize, usize)>,
 }
 
 #[derive(Debug)]
@@ -286,7 +287,7 @@ impl Model {
         handle: IpcHandle,
         kind: IpcHandleKind,
         layout: Vec<Sub>,
-        source: Option<(bool, Key)>,
+        source: Option<(Key, usize, usize)>,
     ) -> std::result::Result<(), TestCaseError> {
         if let Some(e) = self
             .exports
@@ -495,7 +496,12 @@ fn step(w: &World, m: &mut Model, op: &Op) -> std::result::Result<(), TestCaseEr
             prop_assert_eq!(h.size(), Some(a.subs * sub));
             let layout = (0..a.subs).map(|s| (a.key, s)).collect();
             let key = a.key;
-            m.got(h, IpcHandleKind::Allocation, layout, Some((false, key)))?;
+            m.got(
+                h,
+                IpcHandleKind::Allocation,
+                layout,
+                Some((key, 0, usize::MAX)),
+            )?;
         }
         Op::GetMapped { at } => {
             let s = at % (ARENA_PAGES * spp);
@@ -514,9 +520,36 @@ fn step(w: &World, m: &mut Model, op: &Op) -> std::result::Result<(), TestCaseEr
                         .ctx
                         .get_ipc_handle(p)
                         .map_err(|e| TestCaseError::fail(format!("get mapped: {e}")))?;
-                    prop_assert_eq!(h.size(), Some(o.subs * sub));
-                    let layout = (0..o.subs).map(|i| (key, i)).collect();
-                    m.got(h, IpcHandleKind::Physical, layout, Some((true, key)))?;
+                    // The mapping around s: sub-pages mapped contiguously from the object,
+                    // inside the reservation of s (case 8).
+                    let lo = Model::res_of(s / spp) * RES_PAGES * spp;
+                    let hi = lo + RES_PAGES * spp;
+                    let idx = |t: usize| m.arena[t].filter(|x| x.0 == key).map(|x| x.1);
+                    let i0 = idx(s).expect("mapped");
+                    let mut a = s;
+                    while a > lo && idx(a - 1) == Some(i0 + a - 1 - s) {
+                        a -= 1;
+                    }
+                    let mut b = s + 1;
+                    while b < hi && idx(b) == Some(i0 + b - s) {
+                        b += 1;
+                    }
+                    let first = i0 + a - s;
+                    let subs = o.subs;
+                    if first == 0 && b - a == subs {
+                        prop_assert_eq!(h.size(), Some(subs * sub));
+                        let layout = (0..subs).map(|i| (key, i)).collect();
+                        m.got(
+                            h,
+                            IpcHandleKind::Physical,
+                            layout,
+                            Some((key, 0, usize::MAX)),
+                        )?;
+                    } else {
+                        prop_assert_eq!(h.size(), Some((b - a) * sub), "the mapping's size");
+                        let layout = (first..first + b - a).map(|i| (key, i)).collect();
+                        m.got(h, IpcHandleKind::Range, layout, Some((key, first, b - a)))?;
+                    }
                 }
             }
         }
@@ -532,7 +565,12 @@ fn step(w: &World, m: &mut Model, op: &Op) -> std::result::Result<(), TestCaseEr
             prop_assert_eq!(h.size(), Some(o.subs * sub));
             let layout = (0..o.subs).map(|i| (o.key, i)).collect();
             let key = o.key;
-            m.got(h, IpcHandleKind::Physical, layout, Some((true, key)))?;
+            m.got(
+                h,
+                IpcHandleKind::Physical,
+                layout,
+                Some((key, 0, usize::MAX)),
+            )?;
         }
         Op::GetRange { how, start, len } => {
             let total = ARENA_PAGES * spp;

@@ -793,6 +793,44 @@ impl VmState {
             .count()
     }
 
+    /// IPC ([`crate::ipc`]): the mapping at `ptr`, as `(start, length, physical id, offset
+    /// into the object)`: the longest run of pages around `ptr` mapped contiguously from one
+    /// physical object (whatever map calls made it), inside the reservation of `ptr`; `None`
+    /// if the page of `ptr` is not mapped.
+    pub(crate) fn mapping_at(&self, ptr: usize) -> Option<(usize, usize, u64, usize)> {
+        let (s, e) = self.mapped.get(ptr)?;
+        let (&base, r) = self.reservations.range(..=ptr).next_back()?;
+        let (lo, hi) = (base, base + r.size);
+        let (phys, offset) = (e.value.phys, e.value.offset);
+        let (mut start, mut off, mut end) = (s, offset, e.end);
+        while start > lo {
+            match self.mapped.get(start - 1) {
+                Some((ps, pe))
+                    if pe.end == start
+                        && pe.value.joins(start - ps, &Mapped { phys, offset: off }) =>
+                {
+                    off = pe.value.offset;
+                    start = ps;
+                }
+                _ => break,
+            }
+        }
+        while end < hi {
+            match self.mapped.get(end) {
+                Some((ns, ne))
+                    if ns == end
+                        && ne.value.phys == phys
+                        && ne.value.offset == off + (end - start) =>
+                {
+                    end = ne.end;
+                }
+                _ => break,
+            }
+        }
+        let (cs, ce) = (start.max(lo), end.min(hi));
+        Some((cs, ce - cs, phys, off + (cs - start)))
+    }
+
     /// IPC range export ([`crate::ipc`]): the mapped runs along `[start, end)` clipped to it, in
     /// address order, as `(physical id, offset into the object, length)`; `Err(addr)` names the
     /// first byte of `[start, end)` that is not mapped.

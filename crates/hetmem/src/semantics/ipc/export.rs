@@ -9,8 +9,11 @@
 //! - Get: null -> `InvalidNullPointer`; a pointer in no allocation and no mapped page ->
 //!   `InvalidArgument`; an import of system memory (no memfd) -> `InvalidArgument`. A pointer
 //!   inside an allocation exports the whole allocation (of this context, else
-//!   `InvalidArgument`); a pointer in a mapped page of a reservation (or
-//!   `Context::get_physical_memory_ipc_handle`) exports the whole physical object mapped there.
+//!   `InvalidArgument`); a pointer in a mapped page of a reservation exports the mapping there
+//!   (the longest run of pages around it mapped contiguously from one physical object, inside
+//!   its reservation): the whole physical object if the mapping is all of it from offset 0
+//!   (as `Context::get_physical_memory_ipc_handle` does), else a range handle of the mapping,
+//!   whose importer sees the bytes the exporter sees there (the mapped offset respected).
 //!   One export per memory: the first get of an allocation, physical object or mapping makes
 //!   an export that holds the memory; every later get of the same memory returns the same
 //!   handle and counts on that export, each `Context::put_ipc_handle` counts one down, and the
@@ -118,14 +121,62 @@ pub(crate) fn get(
         );
     }
     drop(usm);
-    let phys = d.vm.read().pointer_info(ptr).and_then(|v| v.mapped);
-    match phys {
-        Some((id, _, _)) => export_physical(d, context, id, asked),
+    let mapping = {
+        let vm = d.vm.read();
+        vm.mapping_at(ptr)
+            .map(|(start, len, id, offset)| (start, len, id, offset, vm.physical_raw(id)))
+    };
+    match mapping {
+        // The whole object, from its first byte: the object's own export.
+        Some((_, len, id, 0, Some((_, size, _, _)))) if len == size => {
+            export_physical(d, context, id, asked)
+        }
+        Some((start, len, id, offset, _)) => {
+            export_mapping(d, context, start, len, id, offset, asked)
+        }
         None => Err(Error::InvalidArgument(format!(
             "{} is in no allocation of this context and no mapped page of a reservation",
             Addr(ptr)
         ))),
     }
+}
+
+/// The export of a mapping that is not its whole object from offset 0 (`len` bytes at VA
+/// `start`, of physical object `id` from `offset`): a range handle of the mapping, so that the
+/// importer sees the bytes the exporter sees there (case 8 of `shared/cases/level-zero.md`;
+/// the reference driver since 2026, and the range extension's text for range handles). Gets of
+/// the same mapping count on one export.
+fn export_mapping(
+    d: &DriverShared,
+    context: u64,
+    start: usize,
+    len: usize,
+    id: u64,
+    offset: usize,
+    asked: IpcHandleTypes,
+) -> Result<IpcHandle> {
+    {
+        let vm = d.vm.read();
+        match vm.physical_raw(id) {
+            Some((_, _, ctx, _)) if ctx == context => {}
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "{} maps physical memory {id}, which is not a live object of this context",
+                    Addr(start)
+                )))
+            }
+        }
+        check_handle_types(asked, SUPPORTED_TYPES, vm.physical_ipc_types(id))?;
+    }
+    let source = Source::Mapping {
+        phys: id,
+        offset: offset as u64,
+        len: len as u64,
+    };
+    if let Some(h) = EXPORTS.lock().reuse(source) {
+        return Ok(h);
+    }
+    range_of(d, context, start, len, asked, Some(source))
 }
 
 /// `Context::get_physical_memory_ipc_handle`: a handle for the whole physical object `id` of
@@ -193,6 +244,19 @@ pub(crate) fn range(
     ptr: usize,
     size: usize,
     asked: IpcHandleTypes,
+) -> Result<IpcHandle> {
+    range_of(d, context, ptr, size, asked, None)
+}
+
+/// [`range`], registered with `source` (a mapping's export, counted per get) or without (an
+/// explicit range handle: each get its own export).
+fn range_of(
+    d: &DriverShared,
+    context: u64,
+    ptr: usize,
+    size: usize,
+    asked: IpcHandleTypes,
+    source: Option<Source>,
 ) -> Result<IpcHandle> {
     if size == 0 {
         return Err(Error::InvalidSize("IPC range size is 0".into()));
@@ -349,7 +413,7 @@ pub(crate) fn range(
         run_count,
         (lead, tail),
         capacity,
-        None,
+        source,
     )
 }
 

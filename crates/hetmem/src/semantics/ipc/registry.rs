@@ -39,7 +39,6 @@ pub(crate) enum Source {
     /// The mapping of `len` bytes of physical object `phys` from `offset`, got through a
     /// pointer into it (`zeMemGetIpcHandle` on mapped VA where the mapping is not the whole
     /// object).
-    #[allow(dead_code, reason = "case 8 (the mapping export) lands next")]
     Mapping { phys: u64, offset: u64, len: u64 },
 }
 
