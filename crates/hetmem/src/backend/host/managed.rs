@@ -12,7 +12,7 @@
 //! | host protect | `ioctl(UFFDIO_WRITEPROTECT)` |
 //! | host wake | `ioctl(UFFDIO_WAKE)` |
 //! | fault thread | `poll(2)` on the userfaultfd and an `eventfd(2)`, `read(2)` of `struct uffd_msg` |
-//! | mapper thread | `ioctl(UFFDIO_CONTINUE)` of the pieces and pages an install hands it, so that the copy of the next piece runs meanwhile |
+//! | mapper thread | `ioctl(UFFDIO_CONTINUE)` of the pieces and pages an install hands it, so that the copy of the next piece runs meanwhile; `sched_setaffinity(2)` keeps it off the queuing thread's core |
 //!
 //! No signal handler is installed: host faults on absent pages block the faulting thread in the
 //! kernel until the fault thread resolves them.
@@ -27,6 +27,7 @@
 //! migration costs one copy of the bytes plus the page-table update.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -219,19 +220,33 @@ pub struct HostManaged {
 /// these. The thread that queued the jobs maps the ones the helper has not taken yet itself
 /// when it has nothing else to do ([`Mapper::finish`]): on a machine whose other cores are busy
 /// the install is never slower than doing both halves on one thread.
+///
+/// The helper is kept off the core of the thread that queues its jobs (its affinity is every CPU
+/// the process may use but that one, updated when the queuing thread is seen on another core):
+/// woken on the queuing thread's own core, it would stop the copy it is meant to overlap with
+/// until its mapping is done (measured on the 2-core host under load: a wake-up of the helper
+/// cost the queuing thread 100-150 us, as long as the mapping itself).
 #[derive(Debug)]
 struct Mapper {
     queue: Arc<MapQueue>,
     thread: Option<JoinHandle<()>>,
+    /// The CPUs the process may use when the helper started, if more than one.
+    cpus: Option<rustix::thread::CpuSet>,
 }
 
 /// The jobs of a [`Mapper`] and their outcome.
 #[derive(Debug, Default)]
 struct MapQueue {
     state: parking_lot::Mutex<MapState>,
+    /// Jobs queued and not finished (taken or not), read without the lock by `finish`.
+    outstanding: std::sync::atomic::AtomicUsize,
+    /// The helper's thread id, once it runs (0 before).
+    helper_tid: std::sync::atomic::AtomicI32,
+    /// The CPU the helper's affinity leaves out (`usize::MAX`: none).
+    avoid_cpu: std::sync::atomic::AtomicUsize,
     /// Signalled when a job is queued or the thread is to stop.
     work: parking_lot::Condvar,
-    /// Signalled when the helper finishes its last job in hand.
+    /// Signalled when the helper finishes the last job outstanding.
     idle: parking_lot::Condvar,
 }
 
@@ -239,8 +254,6 @@ struct MapQueue {
 struct MapState {
     /// `(addr, len, read_only)` to map, in order.
     jobs: std::collections::VecDeque<(usize, usize, bool)>,
-    /// Jobs the helper has taken and not finished.
-    running: usize,
     /// The first error since the last [`Mapper::finish`].
     failed: Option<HalError>,
     stop: bool,
@@ -252,11 +265,21 @@ impl Mapper {
         let fd = uffd
             .try_clone()
             .map_err(|e| format!("dup of the userfaultfd: {e}"))?;
-        let queue = Arc::new(MapQueue::default());
+        let queue = Arc::new(MapQueue {
+            avoid_cpu: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            ..MapQueue::default()
+        });
+        let cpus = rustix::thread::sched_getaffinity(None)
+            .ok()
+            .filter(|c| c.count() > 1);
         let q = queue.clone();
         let thread = std::thread::Builder::new()
             .name("hetmem-uffd-map".into())
             .spawn(move || {
+                q.helper_tid.store(
+                    rustix::thread::gettid().as_raw_nonzero().get(),
+                    Ordering::Release,
+                );
                 let mut st = q.state.lock();
                 loop {
                     let Some((addr, len, read_only)) = st.jobs.pop_front() else {
@@ -266,17 +289,15 @@ impl Mapper {
                         q.work.wait(&mut st);
                         continue;
                     };
-                    st.running += 1;
                     // SAFETY: the queuing thread put the bytes in the backing and the entries
                     // are absent (the contract of the install that queued the job).
                     let r = parking_lot::MutexGuard::unlocked(&mut st, || unsafe {
                         continue_range(&fd, addr, len, read_only)
                     });
-                    st.running -= 1;
                     if let Err(e) = r {
                         st.failed.get_or_insert(e);
                     }
-                    if st.running == 0 && st.jobs.is_empty() {
+                    if q.outstanding.fetch_sub(1, Ordering::AcqRel) == 1 {
                         q.idle.notify_all();
                     }
                 }
@@ -285,16 +306,37 @@ impl Mapper {
         Ok(Mapper {
             queue,
             thread: Some(thread),
+            cpus,
         })
+    }
+
+    /// Keeps the helper off the calling thread's core (see [`Mapper`]): sets its affinity to
+    /// the process's CPUs but this one, when this is not the core it already avoids. Best
+    /// effort: a refused `sched_setaffinity(2)` leaves it as it was.
+    fn keep_off_this_cpu(&self) {
+        let Some(cpus) = &self.cpus else { return };
+        let q = &self.queue;
+        let cpu = rustix::thread::sched_getcpu();
+        if q.avoid_cpu.load(Ordering::Relaxed) == cpu {
+            return;
+        }
+        let Some(tid) = rustix::thread::Pid::from_raw(q.helper_tid.load(Ordering::Acquire)) else {
+            return;
+        };
+        let mut set = *cpus;
+        set.unset(cpu);
+        if set.count() > 0 && rustix::thread::sched_setaffinity(Some(tid), &set).is_ok() {
+            q.avoid_cpu.store(cpu, Ordering::Relaxed);
+        }
     }
 
     /// Queues `[addr, addr+len)` to be mapped.
     fn send(&self, addr: usize, len: usize, read_only: bool) {
-        self.queue
-            .state
-            .lock()
-            .jobs
-            .push_back((addr, len, read_only));
+        let mut st = self.queue.state.lock();
+        st.jobs.push_back((addr, len, read_only));
+        self.queue.outstanding.fetch_add(1, Ordering::AcqRel);
+        drop(st);
+        self.keep_off_this_cpu();
         self.queue.work.notify_one();
     }
 
@@ -315,11 +357,38 @@ impl Mapper {
                 if let Err(e) = r {
                     st.failed.get_or_insert(e);
                 }
-            } else if st.running > 0 {
-                q.idle.wait(&mut st);
+                q.outstanding.fetch_sub(1, Ordering::AcqRel);
+            } else if q.outstanding.load(Ordering::Acquire) > 0 {
+                // The helper's last job in hand: a part of one page's entries, shorter than a
+                // sleep and its wake-up.
+                let done = parking_lot::MutexGuard::unlocked(&mut st, || {
+                    spin_until(FINISH_SPIN, || q.outstanding.load(Ordering::Acquire) == 0)
+                });
+                if !done && q.outstanding.load(Ordering::Acquire) > 0 && st.jobs.is_empty() {
+                    q.idle.wait(&mut st);
+                }
             } else {
                 return st.failed.take().map_or(Ok(()), Err);
             }
+        }
+    }
+}
+
+/// How long [`Mapper::finish`] waits running for the helper's last job before it sleeps.
+const FINISH_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// Spins until `done()` or `limit` passed; whether `done()` came true.
+fn spin_until(limit: std::time::Duration, done: impl Fn() -> bool) -> bool {
+    let t = std::time::Instant::now();
+    loop {
+        for _ in 0..64 {
+            if done() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if t.elapsed() >= limit {
+            return done();
         }
     }
 }
@@ -642,12 +711,7 @@ impl ManagedOps for HostManaged {
         match src {
             HostSource::Staged => mapper.send(addr, len, false),
             HostSource::Copy(src) => {
-                let chunk = if len.is_multiple_of(INSTALL_CHUNK) {
-                    INSTALL_CHUNK
-                } else {
-                    len
-                };
-                for o in (0..len).step_by(chunk) {
+                for (o, chunk) in install_pieces(len) {
                     // SAFETY: as in `host_install`: the alias is not registered and the host
                     // entries are absent; `src` is readable (caller).
                     unsafe { stream_copy(alias + o, src + o, chunk) };
@@ -799,6 +863,31 @@ impl ManagedOps for HostManaged {
     }
 }
 
+/// The pieces `(offset, len)` a host install of `len` bytes copies and hands to the mapper one
+/// after the other: [`INSTALL_CHUNK`]s, then halving ones down to a sixteenth of it, so that what
+/// the faulting thread waits for after the last copy (the mapping of the last piece) is short.
+/// `len` itself when it is not a multiple of [`INSTALL_CHUNK`].
+fn install_pieces(len: usize) -> impl Iterator<Item = (usize, usize)> {
+    let last = INSTALL_CHUNK / 16;
+    let pieced = len.is_multiple_of(INSTALL_CHUNK) && len > INSTALL_CHUNK;
+    let mut o = 0;
+    std::iter::from_fn(move || {
+        if o >= len {
+            return None;
+        }
+        let left = len - o;
+        let n = if !pieced {
+            left
+        } else if left > INSTALL_CHUNK {
+            INSTALL_CHUNK
+        } else {
+            (left / 2).max(last)
+        };
+        o += n;
+        Some((o - n, n))
+    })
+}
+
 /// Maps the absent host pages `[addr, addr+len)` of a range registered on `uffd` from the
 /// backing and wakes their waiters (`ioctl(UFFDIO_CONTINUE)`, see `ioctl_userfaultfd(2)`;
 /// `UFFDIO_CONTINUE_MODE_WP` when read-only). Continues after a partial mapping (`EAGAIN`,
@@ -907,5 +996,34 @@ fn fault_loop(uffd: OwnedFd, stop: OwnedFd, sink: Arc<dyn FaultSink>) {
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn install_pieces_cover_the_page_and_end_small() {
+        let len = 2 << 20;
+        let pieces: Vec<_> = install_pieces(len).collect();
+        let mut o = 0;
+        for &(off, n) in &pieces {
+            assert_eq!(off, o, "pieces follow each other");
+            assert!(
+                n.is_multiple_of(16 << 10),
+                "{n:#x}: stream_copy's interleaved loop"
+            );
+            o += n;
+        }
+        assert_eq!(o, len);
+        assert_eq!(pieces.first().unwrap().1, INSTALL_CHUNK);
+        assert_eq!(pieces.last().unwrap().1, INSTALL_CHUNK / 16);
+        assert!(pieces.len() <= 10);
+        assert_eq!(install_pieces(4096).collect::<Vec<_>>(), vec![(0, 4096)]);
+        assert_eq!(
+            install_pieces(INSTALL_CHUNK).collect::<Vec<_>>(),
+            vec![(0, INSTALL_CHUNK)]
+        );
     }
 }

@@ -187,9 +187,10 @@ pub trait ManagedOps: Send + Sync + std::fmt::Debug {
     /// page is absent again (threads that ran on a part already mapped fault again; what they
     /// wrote there is lost, the source keeping the page's bytes) and `b` is not staged.
     ///
-    /// Host: the page is copied in [`INSTALL_CHUNK`] pieces by the calling thread while a helper
-    /// thread maps each piece copied (`ioctl(UFFDIO_CONTINUE)`), so the faulting thread waits
-    /// for one copy and the mapping of the last piece rather than for both in full; a staged
+    /// Host: the page is copied in [`INSTALL_CHUNK`] pieces (the last few smaller, down to a
+    /// sixteenth of one) by the calling thread while a helper thread maps each piece copied
+    /// (`ioctl(UFFDIO_CONTINUE)`), so the faulting thread waits for one copy and the mapping of
+    /// the last (small) piece rather than for both in full; a staged
     /// page is mapped by the helper while this thread copies `b`. Pieces the helper has not
     /// taken when the copies are done (its core busy elsewhere) are mapped by the calling
     /// thread.
