@@ -83,8 +83,9 @@ pub(crate) fn teardown(mut reg: Registry) {
     for c in reg.contexts.values() {
         c.alive.store(false, std::sync::atomic::Ordering::Release);
     }
-    let handles: Vec<usize> = reg.contexts.keys().copied().collect();
-    crate::ipc::forget_contexts(Some(&handles));
+    for c in reg.contexts.values() {
+        c.ctx.acl_ipc_forget_keys();
+    }
     for p in reg.all::<crate::vmm::Phys>() {
         crate::access::forget(p.handle);
     }

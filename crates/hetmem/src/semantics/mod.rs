@@ -45,8 +45,9 @@
 //! | [`managed::ops`] | host-synchronous `aclrtMemcpy` / `aclrtMemset` over any memory |
 //! | `usm::calls` | the `zeMem*` calls on a driver (allocations, import, free policies, properties, ranges), taking its locks |
 //! | [`context`] | context creation and teardown (releasing everything a context owns) |
-//! | [`acl`] | ACL argument rules that are no family's state (sizes, counts, flags, properties) |
-//! | `acl::shareable` | ACL shareable handles: one export per object, the pid whitelist, their records |
+//! | [`acl`] | ACL argument rules that are no family's state (sizes, counts, flags, properties, the pid whitelist of every import) |
+//! | `acl::shareable` | ACL shareable handles: one export per object, their records (the pid whitelist is `acl`'s) |
+//! | `acl::ipc_key` | ACL IPC keys (`aclrtIpcMem*`): the key format, this process's key exports and views |
 //! | [`acl_ext`] | ACL argument rules of the calls beyond the core (2-D / batch copies, 32-bit fills, host registration, value wait, event flags, V2 handle types) |
 //! | [`acl_vmm`] | ACL virtual-memory rules Level Zero lacks: access descriptors, the physical object at an address |
 //!

@@ -4,9 +4,11 @@
 //! reservation alignment, the free of the right kind of memory and the location an advice
 //! reads. The C library (`hetmem-acl`) calls these and nothing else decides, so a Rust caller
 //! and a C caller get the same answer for the same arguments. Enumerations are decoded in
-//! [`crate::spec`]. The rules of ACL shareable handles (one export per object, the pid
-//! whitelist) and this process's exports are in [`shareable`].
+//! [`crate::spec`]. The pid whitelist of every ACL import ([`check_import_pid`]) is here, once:
+//! shareable handles ([`shareable`]: one export per object, this process's exports) and IPC
+//! keys ([`ipc_key`]: the key format, this process's key exports and views) both call it.
 
+pub(crate) mod ipc_key;
 pub(crate) mod shareable;
 
 use crate::error::{Addr, Error, Result};
@@ -161,4 +163,33 @@ pub fn check_pid_count(n: usize) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// The id of this process as importers' pid lists name it (`aclrtDeviceGetBareTgid`): the
+/// pid every import check ([`check_import_pid`]) compares.
+pub fn own_pid() -> u32 {
+    crate::semantics::ipc::registry::own_pid()
+}
+
+/// The whitelist rule of every ACL import (`aclrtMemImportFromShareableHandle`,
+/// `aclrtIpcMemImportByKey`) of memory exported by process `exporter`: the exporter itself, an
+/// export made with DISABLE_PID_VALIDATION (`disabled`), or a process on the pid list
+/// (`aclrtMemSetPidToShareableHandle`, `aclrtIpcMemSetImportPid`) may import. `what` names the
+/// key or handle.
+///
+/// Errors: `InvalidArgument` (107000) naming the process and the list.
+pub fn check_import_pid(
+    exporter: u32,
+    me: u32,
+    pids: &[i32],
+    disabled: bool,
+    what: &str,
+) -> Result<()> {
+    if disabled || exporter == me || pids.contains(&(me as i32)) {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "process {me} is not on the pid list of {what} (the exporter, process {exporter}, \
+         named {pids:?})"
+    )))
 }

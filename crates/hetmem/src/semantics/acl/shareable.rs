@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-use crate::semantics::acl::{check_export_flags, check_pid_count};
+use crate::semantics::acl::{check_export_flags, check_import_pid, check_pid_count, own_pid};
 use crate::semantics::driver::DriverShared;
 use crate::semantics::ipc::export::physical as export_physical;
 use crate::semantics::ipc::format::IpcHandle;
@@ -191,7 +191,7 @@ pub(crate) fn export(
         )));
     }
     let handle = export_physical(d, context, mem.id, None)?;
-    let s = (std::process::id() as u64) << 32 | NEXT.fetch_add(1, Ordering::Relaxed) as u64;
+    let s = (own_pid() as u64) << 32 | NEXT.fetch_add(1, Ordering::Relaxed) as u64;
     if let Err(e) = write(d, s, flags, &handle, &[]) {
         let _ = put(d, &handle);
         return Err(e);
@@ -228,8 +228,8 @@ pub(crate) fn set_pids(d: &DriverShared, shareable: u64, pids: &[i32]) -> Result
 
 /// `aclrtMemImportFromShareableHandle`: the physical memory behind `shareable` as an object of
 /// context `context` on `device` ([`crate::semantics::ipc::import::import_physical`]), once the
-/// calling process is found allowed to import it (the exporter itself, a process on its pid
-/// list, or anyone for an export without pid validation).
+/// calling process is found allowed to import it ([`check_import_pid`]: the exporter itself,
+/// a process on its pid list, or anyone for an export without pid validation).
 ///
 /// Errors: `InvalidArgument` (107000) for a value whose record cannot be read (never exported,
 /// its export ended, another user's) or is malformed, or a process not on the pid list; the
@@ -245,16 +245,13 @@ pub(crate) fn import(
         &record_name(shareable),
         &format!("shareable handle {shareable:#x}"),
     )?;
-    let me = std::process::id();
-    if flags & ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION == 0
-        && (shareable >> 32) as u32 != me
-        && !pids.contains(&(me as i32))
-    {
-        return Err(Error::InvalidArgument(format!(
-            "process {me} is not on the pid list of shareable handle {shareable:#x} \
-             (aclrtMemSetPidToShareableHandle names {pids:?})"
-        )));
-    }
+    check_import_pid(
+        (shareable >> 32) as u32,
+        own_pid(),
+        &pids,
+        flags & ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION != 0,
+        &format!("shareable handle {shareable:#x}"),
+    )?;
     import_physical(d, context, &handle, device)
 }
 
