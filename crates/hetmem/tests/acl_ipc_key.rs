@@ -85,6 +85,9 @@ fn a_key_opens_the_exporters_bytes_once_per_process_and_stops_working_after_clos
     a.free_memory(p).unwrap();
 }
 
+/// Whether an error is of the expected kind.
+type Kind = fn(&Error) -> bool;
+
 #[test]
 fn a_refused_export_or_import_changes_nothing_and_names_the_bad_value() {
     if common::skip() {
@@ -98,7 +101,7 @@ fn a_refused_export_or_import_changes_nothing_and_names_the_bad_value() {
     let p = a.alloc_device(&dev, &AllocDesc::new(size)).unwrap();
     let h = a.alloc_host(&AllocDesc::new(size)).unwrap();
     let before = drv.ipc_stats();
-    let cases: Vec<(&str, hetmem::Result<String>, fn(&Error) -> bool, &str)> = vec![
+    let cases: Vec<(&str, hetmem::Result<String>, Kind, &str)> = vec![
         (
             "size 0",
             a.acl_ipc_export_key(p, 0, 0, KEY_LEN),
