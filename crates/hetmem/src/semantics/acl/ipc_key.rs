@@ -176,7 +176,7 @@ pub(crate) fn export_key(
     let handle = export::get(d, context, ptr, &IpcProperties::default())?;
     let record = key_record(pid, n);
     if let Err(e) = write_record(d, &record, flags, &handle, &[]) {
-        let _ = import::put(context, &handle);
+        let _ = import::put(d, &handle);
         return Err(e);
     }
     EXPORTS.lock().get_or_insert_with(HashMap::new).insert(
@@ -298,7 +298,7 @@ pub(crate) fn close_key(d: &DriverShared, key: &str) -> Result<()> {
         Some(e) => {
             remove_record(d, &e.record);
             // A context destroyed meanwhile has put its exports already.
-            let _ = import::put(e.context, &e.handle);
+            let _ = import::put(d, &e.handle);
             Ok(())
         }
         None => Err(Error::InvalidArgument(format!(
@@ -327,7 +327,7 @@ pub(crate) fn forget_context(d: &DriverShared, context: u64) {
     };
     for e in gone {
         remove_record(d, &e.record);
-        let _ = import::put(e.context, &e.handle);
+        let _ = import::put(d, &e.handle);
     }
     let closed: Vec<Import> = {
         let mut im = IMPORTS.lock();
