@@ -54,6 +54,22 @@ pub fn run(args: Args) -> Result<(), String> {
             human(large as u64),
             i.min_page_size
         );
+        for s in d.sub_devices() {
+            println!(
+                "      sub-device {}: capacity {} (its share of device {}), largest single allocation {}, its own queues",
+                s.sub_device_id().unwrap_or(0),
+                human(s.capacity()),
+                d.ordinal(),
+                human(s.max_alloc_size()),
+            );
+        }
+    }
+    match drv.sub_devices_note() {
+        Some(why) => println!("sub-devices: {why}"),
+        None => match drv.sub_devices_per_device() {
+            0 => println!("sub-devices: none (HETMEM_HOST_SUBDEVICES=N splits each device into N)"),
+            n => println!("sub-devices: {n} per device"),
+        },
     }
     println!("configuration:");
     println!(
@@ -97,6 +113,11 @@ pub fn run(args: Args) -> Result<(), String> {
             c.max_alloc_size,
             env("HETMEM_HOST_MAX_ALLOC", "unset, default half a device"),
             adjusted("HETMEM_HOST_MAX_ALLOC", "max_alloc_size")
+        );
+        println!(
+            "  HETMEM_HOST_SUBDEVICES={} (env: {})",
+            c.sub_devices,
+            env("HETMEM_HOST_SUBDEVICES", "unset, default 0: no sub-devices")
         );
     }
     managed_info(&rt, &ctx);

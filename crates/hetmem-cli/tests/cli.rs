@@ -135,6 +135,97 @@ fn info_prints_backend_driver_devices_page_sizes_and_configuration() {
     assert!(line("HETMEM_HOST_MAX_ALLOC=").starts_with("HETMEM_HOST_MAX_ALLOC=67108864 (env: 64M)"));
 }
 
+/// Case 12 (sub-devices): `hetmem info` lists each device's sub-devices with their shares and
+/// the `HETMEM_HOST_SUBDEVICES` line; on cuda it says why there are none.
+#[test]
+fn info_shows_sub_devices_and_their_setting() {
+    if common::skip() {
+        return;
+    }
+    let (o, out, err) = hetmem(
+        &["info"],
+        &[
+            ("HETMEM_HOST_DEVICES", "2"),
+            ("HETMEM_HOST_DEVICE_MEMORY", "256M"),
+            ("HETMEM_HOST_SUBDEVICES", "2"),
+        ],
+    );
+    assert!(o.status.success(), "exit {:?}\n{out}\n{err}", o.status);
+    let lines = |start: &str| -> Vec<String> {
+        out.lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with(start))
+            .map(String::from)
+            .collect()
+    };
+    let note = lines("sub-devices:");
+    assert_eq!(note.len(), 1, "{out}");
+    let rt = hetmem::Runtime::builder()
+        .backend(common::backend())
+        .host_devices(2)
+        .host_device_memory(256 << 20)
+        .host_subdevices(2)
+        .build()
+        .expect("runtime");
+    let drv = rt.driver();
+    if drv.host_config().is_none() {
+        // cuda: none, and why.
+        assert!(drv.devices().iter().all(|d| d.sub_devices().is_empty()));
+        let why = drv
+            .sub_devices_note()
+            .expect("a reason on a backend without sub-devices");
+        assert_eq!(note[0], format!("sub-devices: {why}"), "{out}");
+        assert!(why.contains("MIG"), "{why}");
+        assert!(lines("sub-device ").is_empty(), "{out}");
+        common::part_not_applicable(
+            "the sub-device lines (2 per device, 128 MiB each): a CUDA GPU has no Level Zero \
+             sub-devices (the sub-devices line says why)",
+        );
+        return;
+    }
+    assert_eq!(note[0], "sub-devices: 2 per device", "{out}");
+    let subs = lines("sub-device ");
+    assert_eq!(subs.len(), 4, "{out}");
+    for (k, l) in subs.iter().enumerate() {
+        assert!(
+            l.starts_with(&format!(
+                "sub-device {}: capacity 128 MiB (its share of device {})",
+                k % 2,
+                k / 2
+            )),
+            "{l}"
+        );
+    }
+    assert!(
+        lines("HETMEM_HOST_SUBDEVICES=")[0].starts_with("HETMEM_HOST_SUBDEVICES=2 (env: 2)"),
+        "{out}"
+    );
+    // Unset: none, and the line says how to get them.
+    let (o, out, _) = hetmem(&["info"], &[]);
+    assert!(o.status.success());
+    assert!(
+        out.contains("sub-devices: none (HETMEM_HOST_SUBDEVICES=N"),
+        "{out}"
+    );
+}
+
+#[test]
+fn info_with_a_bad_sub_device_count_fails_naming_the_value() {
+    for (v, says) in [
+        ("1", "HETMEM_HOST_SUBDEVICES=1"),
+        ("17", "HETMEM_HOST_SUBDEVICES=17"),
+        ("two", "HETMEM_HOST_SUBDEVICES=\"two\""),
+    ] {
+        let (o, out, err) = hetmem(
+            &["info", "--backend", "host"],
+            &[("HETMEM_HOST_SUBDEVICES", v)],
+        );
+        assert_eq!(o.status.code(), Some(1), "{v} accepted:\n{out}");
+        assert!(err.contains(says), "{v}: {err}");
+        assert!(!out.contains("devices:"), "{out}");
+    }
+}
+
 #[test]
 fn info_with_host_device_memory_0_fails_naming_the_value() {
     let (o, out, err) = hetmem(&["info"], &[("HETMEM_HOST_DEVICE_MEMORY", "0")]);

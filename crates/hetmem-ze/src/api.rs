@@ -404,16 +404,19 @@ pub unsafe extern "C" fn zeDeviceGetSubDevices(
     phSubdevices: *mut H,
 ) -> ze_result_t {
     guard(|| {
-        rt::device(hDevice)?;
-        fill_count(pCount, phSubdevices, 0, |_, _| {})
+        let subs = rt::device(hDevice)?.sub_devices();
+        fill_count(pCount, phSubdevices, subs.len(), |i, o| {
+            *o = rt::handle_of(&subs[i]) as H
+        })
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn zeDeviceGetRootDevice(hDevice: H, phRootDevice: *mut H) -> ze_result_t {
     guard(|| {
-        rt::device(hDevice)?;
-        *out(phRootDevice, "phRootDevice")? = std::ptr::null_mut();
+        let root = rt::device(hDevice)?.root_device();
+        // A root device belongs to no root device: null.
+        *out(phRootDevice, "phRootDevice")? = root.map_or(0, |r| rt::handle_of(&r)) as H;
         OK
     })
 }
@@ -430,8 +433,12 @@ pub unsafe extern "C" fn zeDeviceGetProperties(
         p.deviceId = d.ordinal();
         p.flags = ZE_DEVICE_PROPERTY_FLAG_INTEGRATED;
         p.subdeviceId = 0;
+        if let Some(s) = d.sub_device_id() {
+            p.flags |= ZE_DEVICE_PROPERTY_FLAG_SUBDEVICE;
+            p.subdeviceId = s;
+        }
         p.coreClockRate = 1000;
-        p.maxMemAllocSize = info.max_alloc_size;
+        p.maxMemAllocSize = d.max_alloc_size();
         p.maxHardwareContexts = 64;
         p.maxCommandQueuePriority = 2;
         p.numThreadsPerEU = 1;
@@ -444,8 +451,13 @@ pub unsafe extern "C" fn zeDeviceGetProperties(
         p.kernelTimestampValidBits = 64;
         let mut u = driver_uuid();
         u[14..16].copy_from_slice(&(d.ordinal() as u16).to_le_bytes());
+        // A sub-device's uuid: its root's, with its index + 1 in byte 11.
+        u[11] = d.sub_device_id().map_or(0, |s| s as u8 + 1);
         p.uuid.id = u;
-        copy_str(&mut p.name, &info.name);
+        match d.sub_device_id() {
+            Some(s) => copy_str(&mut p.name, &format!("{} sub-device {s}", info.name)),
+            None => copy_str(&mut p.name, &info.name),
+        }
         // Chained properties this driver answers; others are left as they are.
         each_chained(p.pNext, |stype, next| {
             if stype == ZE_STRUCTURE_TYPE_DEVICE_READONLY_MEMORY_EXT_PROPERTIES {
@@ -523,7 +535,8 @@ pub unsafe extern "C" fn zeDeviceGetMemoryProperties(
 ) -> ze_result_t {
     guard(|| {
         let d = rt::device(hDevice)?;
-        let cap = d.info().capacity;
+        // A sub-device's memory is its share of its root's.
+        let cap = d.capacity();
         fill_count(pCount, p, 1, |_, o| {
             o.flags = 0;
             o.maxClockRate = 0;
@@ -922,7 +935,10 @@ pub unsafe extern "C" fn zeMemGetAllocProperties(
         p.id = a.id;
         p.pageSize = a.page_size as u64;
         if !phDevice.is_null() {
-            *phDevice = a.device.map(rt::device_handle).unwrap_or(0) as H;
+            *phDevice = a
+                .device
+                .map(|o| rt::device_handle(o, a.sub_device))
+                .unwrap_or(0) as H;
         }
         OK
     })

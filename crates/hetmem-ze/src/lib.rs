@@ -81,7 +81,8 @@
 //! `zeDriverGetIpcProperties`, `zeDriverGetExtensionProperties` (the 7 extensions of
 //! [`api::EXTENSIONS`], each 1.0), `zeDriverGetExtensionFunctionAddress` (every implemented
 //! function, by name), `zeDriverGetLastErrorDescription`, `zeDriverGetDefaultContext`.
-//! Device: `zeDeviceGet`, `zeDeviceGetSubDevices` (none), `zeDeviceGetRootDevice`,
+//! Device: `zeDeviceGet`, `zeDeviceGetSubDevices` (the host backend's configured
+//! sub-devices, see Decisions), `zeDeviceGetRootDevice`,
 //! `zeDeviceGetProperties`, `zeDeviceGetComputeProperties`, `zeDeviceGetModuleProperties`,
 //! `zeDeviceGetCommandQueueGroupProperties`, `zeDeviceGetMemoryProperties` (fills a chained
 //! `ze_device_memory_ext_properties_t`, see Decisions),
@@ -163,6 +164,21 @@
 //! - With the system-memory descriptor, `zeMemAllocHost`'s `size` must equal the descriptor's
 //!   (else `ZE_RESULT_ERROR_INVALID_ARGUMENT`); the alignment is not used (the import keeps the
 //!   address).
+//! - **Sub-devices** (case 12 of `shared/cases/level-zero.md`, `tests/c/ze/cases_subdevices.c`):
+//!   with `HETMEM_HOST_SUBDEVICES=N` (host backend; 0, the default, or 2 to 16) each device has
+//!   `N` sub-devices (`zeDeviceGetSubDevices`, the same handles every call; not in
+//!   `zeDeviceGet`'s list, and without a `zer` identifier). A sub-device's
+//!   `ze_device_properties_t` has `ZE_DEVICE_PROPERTY_FLAG_SUBDEVICE`, its `subdeviceId`, its
+//!   root's type and device id, a uuid of its own, and `maxMemAllocSize` at most its share;
+//!   its memory (`zeDeviceGetMemoryProperties`) is its share of the root's capacity
+//!   (capacity / `N`, rounded down to 2 MiB); it has the root's queue group, and its queues and
+//!   lists are its own. Memory made on it counts against its share and its root; memory made
+//!   on the root against the root alone (the model is `hetmem::semantics::capacity`'s).
+//!   `zeDeviceGetRootDevice` answers the root for a sub-device and null for a root (which
+//!   belongs to no root). `zeMemGetAllocProperties` answers the sub-device a USM allocation
+//!   was made on (for a mapped page of physical memory, its root). On the cuda backend there
+//!   are none: a GPU is one device, and a MIG instance is a separate CUDA device, not a
+//!   sub-device (`hetmem info` says so).
 //! - The context of `zeDriverGetDefaultContext` is made on first use and is an ordinary context:
 //!   destroying it makes its handle invalid for good.
 //! - Queue descriptors: one queue group (ordinal 0) of 64 queues, each with its own engine;

@@ -84,6 +84,8 @@ pub struct State {
     pub runtime: Runtime,
     pub driver: u64,
     pub devices: Vec<u64>,
+    /// The handles of each device's sub-devices (`zeDeviceGetSubDevices`), by device ordinal.
+    pub sub_devices: Vec<Vec<u64>>,
     /// `zeDriverGetDefaultContext`'s context, made on first use.
     pub default_context: OnceLock<u64>,
 }
@@ -177,9 +179,17 @@ pub fn init() -> ZeResult {
         fail(e.ze_result(), msg)
     })?;
     let driver = insert(Kind::Driver, Obj::Driver, 0);
-    let devices = runtime
-        .driver()
-        .devices()
+    let roots = runtime.driver().devices();
+    let sub_devices = roots
+        .iter()
+        .map(|d| {
+            d.sub_devices()
+                .into_iter()
+                .map(|s| insert(Kind::Device, Obj::Device(s), 0))
+                .collect()
+        })
+        .collect();
+    let devices = roots
         .into_iter()
         .map(|d| insert(Kind::Device, Obj::Device(d), 0))
         .collect();
@@ -187,6 +197,7 @@ pub fn init() -> ZeResult {
         runtime,
         driver,
         devices,
+        sub_devices,
         default_context: OnceLock::new(),
     });
     Ok(ZE_RESULT_SUCCESS)
@@ -285,12 +296,24 @@ pub fn live_handles() -> usize {
     registry().read().len()
 }
 
-/// The handle of device `ordinal`.
-pub fn device_handle(ordinal: u32) -> u64 {
+/// The handle of device `ordinal`, or of its sub-device `sub`.
+pub fn device_handle(ordinal: u32, sub: Option<u32>) -> u64 {
     STATE
         .get()
-        .and_then(|s| s.devices.get(ordinal as usize).copied())
+        .and_then(|s| match sub {
+            None => s.devices.get(ordinal as usize).copied(),
+            Some(k) => s
+                .sub_devices
+                .get(ordinal as usize)
+                .and_then(|v| v.get(k as usize))
+                .copied(),
+        })
         .unwrap_or(0)
+}
+
+/// The handle of `d` (a device or sub-device of this driver's runtime).
+pub fn handle_of(d: &Device) -> u64 {
+    device_handle(d.ordinal(), d.sub_device_id())
 }
 
 macro_rules! getter {

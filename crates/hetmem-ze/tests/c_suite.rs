@@ -376,7 +376,8 @@ fn run(exe: &Path, validation: bool, env: &[(&str, &str)]) {
     let backend = backend();
     let mut c = Command::new(exe);
     c.env("ZE_ENABLE_ALT_DRIVERS", driver_lib())
-        .env_remove("HETMEM_HOST_MAX_ALLOC");
+        .env_remove("HETMEM_HOST_MAX_ALLOC")
+        .env_remove("HETMEM_HOST_SUBDEVICES");
     // HETMEM_BACKEND, and the host backend's two devices of 256 MiB only there.
     for v in hetmem_testkit::HOST_DEVICE_VARS {
         c.env_remove(v);
@@ -595,6 +596,14 @@ fn case_7_ipc_physical_memory_handle_as_the_pointer() {
 #[test]
 fn case_8_ipc_of_a_mapping_at_an_offset() {
     loader_suite("cases_ipc8");
+}
+
+/// Case 12: sub-devices on the host backend (`HETMEM_HOST_SUBDEVICES=2`): enumeration, shares
+/// of the capacity, the root, memory, physical memory and queues on a sub-device, IPC opened
+/// in a child on its sub-device. Not applicable where the driver has none (cuda).
+#[test]
+fn case_12_sub_devices() {
+    loader_suite_env("cases_subdevices", &[("HETMEM_HOST_SUBDEVICES", "2")]);
 }
 
 #[test]

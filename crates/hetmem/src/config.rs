@@ -81,6 +81,10 @@ pub struct HostConfig {
     /// reserved hugetlbfs pages for managed memory); false: 4 KiB pages only
     /// (`HETMEM_HOST_HUGE_PAGES=off`). Default true.
     pub huge_pages: bool,
+    /// Sub-devices of each device (`HETMEM_HOST_SUBDEVICES`, 0 or 2 to 16; default 0, none):
+    /// each a share of its device's capacity with its own queues (see
+    /// `hetmem::semantics`' capacity model and `zeDeviceGetSubDevices`).
+    pub sub_devices: u32,
 }
 
 /// A configuration value the runtime changed instead of taking it as given: which setting,
@@ -124,6 +128,7 @@ impl HostConfig {
             max_alloc_size: round(device_memory / 2).max(2 << 20),
             adjustments: Vec::new(),
             huge_pages: true,
+            sub_devices: 0,
         }
     }
 }
@@ -143,6 +148,15 @@ impl BackendConfig {
         match self {
             BackendConfig::Host(_) => BackendKind::Host,
             BackendConfig::Cuda => BackendKind::Cuda,
+        }
+    }
+
+    /// Sub-devices of each device: the host backend's setting; none on cuda (a GPU has no
+    /// Level Zero sub-devices, see `Driver::sub_devices_note`).
+    pub fn sub_devices(&self) -> u32 {
+        match self {
+            BackendConfig::Host(h) => h.sub_devices,
+            BackendConfig::Cuda => 0,
         }
     }
 }

@@ -271,7 +271,7 @@ impl Context {
         crate::semantics::ipc::export::create_physical_with_types(
             self.d(),
             self.id(),
-            device.map(|x| (&*x.shared, x.ordinal())),
+            device.map(Device::dref),
             flags,
             size,
             types,

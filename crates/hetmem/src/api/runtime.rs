@@ -7,7 +7,10 @@
 //! optional `K`/`M`/`G`/`T` suffix; default a quarter of RAM split between the devices), and the
 //! largest single allocation by `HETMEM_HOST_MAX_ALLOC` (default half a device); 2 MiB pages
 //! where the machine offers them unless `HETMEM_HOST_HUGE_PAGES=off` (`on`/`auto`, the default,
-//! takes them).
+//! takes them); `HETMEM_HOST_SUBDEVICES=N` (0, the default, or 2 to 16) splits each host device
+//! into `N` sub-devices ([`Device::sub_devices`]), each with its share of the device's capacity
+//! and its own queues, as a multi-tile GPU is split into tiles (the cuda backend has none:
+//! [`Driver::sub_devices_note`]).
 
 use std::sync::Arc;
 
@@ -27,6 +30,9 @@ pub struct RuntimeBuilder {
     /// How the largest single allocation was given (`HETMEM_HOST_MAX_ALLOC=10G`, or the
     /// builder call), for an [`Adjustment`] that names it; `None` while it is the default.
     max_alloc_setting: Option<String>,
+    /// How the sub-device count was given (`HETMEM_HOST_SUBDEVICES=2` or the builder call),
+    /// for the message of a refused count.
+    sub_devices_setting: Option<String>,
 }
 
 /// The smallest host device [`RuntimeBuilder::from_env`] derives from `HETMEM_HOST_DEVICES`.
@@ -61,6 +67,16 @@ impl RuntimeBuilder {
         self.max_alloc_setting = Some(format!("host_max_alloc_size({bytes})"));
         self
     }
+    /// Sub-devices of each host-backend device (`HETMEM_HOST_SUBDEVICES`): 0 (none, the
+    /// default) or 2 to 16, each a share of its device's capacity (capacity / `n`, rounded
+    /// down to 2 MiB) with its own queues ([`Device::sub_devices`]). Checked by
+    /// [`RuntimeBuilder::build`] (`InvalidArgument` for 1, more than 16, or shares under
+    /// 2 MiB).
+    pub fn host_subdevices(mut self, n: u32) -> Self {
+        self.host.sub_devices = n;
+        self.sub_devices_setting = Some(format!("host_subdevices({n})"));
+        self
+    }
     /// Whether the host backend takes 2 MiB pages where the machine offers them (shmem THP for
     /// physical objects mapped 2 MiB-aligned, reserved hugetlbfs pages for managed memory;
     /// 4 KiB pages wherever none is free). Default true; `HETMEM_HOST_HUGE_PAGES=off` sets false.
@@ -83,7 +99,8 @@ impl RuntimeBuilder {
     /// 64 MiB each: where that minimum applies, [`HostConfig::adjustments`] says so.
     ///
     /// Errors: `InvalidArgument`, naming the variable and its value, for a `HETMEM_BACKEND`
-    /// that is not `host` or `cuda`, a `HETMEM_HOST_DEVICES` that is not a count, or a
+    /// that is not `host` or `cuda`, a `HETMEM_HOST_DEVICES` or `HETMEM_HOST_SUBDEVICES` that
+    /// is not a count, or a
     /// `HETMEM_HOST_DEVICE_MEMORY` / `HETMEM_HOST_MAX_ALLOC` that is not a byte count (see
     /// [`parse_bytes`]) or is 0. A device count of 0 is refused by [`RuntimeBuilder::build`].
     pub fn from_env() -> Result<RuntimeBuilder> {
@@ -116,6 +133,16 @@ impl RuntimeBuilder {
                     });
                 }
             }
+        }
+        if let Ok(v) = std::env::var("HETMEM_HOST_SUBDEVICES") {
+            let n: u32 = v.trim().parse().map_err(|_| {
+                Error::InvalidArgument(format!(
+                    "HETMEM_HOST_SUBDEVICES={v:?} is not a count (0, or 2 to 16 sub-devices \
+                     per device)"
+                ))
+            })?;
+            b = b.host_subdevices(n);
+            b.sub_devices_setting = Some(format!("HETMEM_HOST_SUBDEVICES={v}"));
         }
         if let Ok(v) = std::env::var("HETMEM_HOST_HUGE_PAGES") {
             b = b.host_huge_pages(match v.trim().to_ascii_lowercase().as_str() {
@@ -152,8 +179,9 @@ impl RuntimeBuilder {
     /// the device memory is lowered to it, recorded in [`HostConfig::adjustments`] (and logged
     /// as a `tracing` warning, as every adjustment is).
     ///
-    /// Errors: `InvalidArgument` for a host backend with 0 devices, 0 bytes of device memory
-    /// or a largest single allocation of 0 bytes (the message names the value);
+    /// Errors: `InvalidArgument` for a host backend with 0 devices, 0 bytes of device memory,
+    /// a largest single allocation of 0 bytes, or a sub-device count other than 0 or 2 to 16
+    /// (or one that leaves shares under 2 MiB) (the message names the value);
     /// `Uninitialized` for the cuda backend where it cannot start (no NVIDIA driver, no GPU,
     /// no virtual memory management), with the reason.
     pub fn build(mut self) -> Result<Runtime> {
@@ -179,6 +207,17 @@ impl RuntimeBuilder {
                         .into(),
                 ));
             }
+        }
+        if self.backend == BackendKind::Host {
+            let setting = self
+                .sub_devices_setting
+                .clone()
+                .unwrap_or_else(|| format!("host_subdevices({})", self.host.sub_devices));
+            crate::semantics::capacity::check_sub_devices(
+                self.host.sub_devices,
+                self.host.device_memory,
+                &setting,
+            )?;
         }
         // The largest single allocation cannot exceed the device.
         if self.backend == BackendKind::Host && self.host.max_alloc_size > self.host.device_memory {
@@ -244,6 +283,7 @@ impl Runtime {
             host: HostConfig::default_for_machine(),
             ipc_max_range_pieces: crate::semantics::ipc::DEFAULT_MAX_RANGE_PIECES,
             max_alloc_setting: None,
+            sub_devices_setting: None,
         }
     }
 
@@ -282,6 +322,7 @@ impl Driver {
             .map(|ordinal| Device {
                 shared: shared.clone(),
                 ordinal,
+                sub: None,
             })
             .collect();
         Driver { shared, devices }
@@ -307,6 +348,19 @@ impl Driver {
     /// [`RuntimeBuilder::host_huge_pages`]); `None` where the driver decides (cuda).
     pub fn page_kinds(&self) -> Option<String> {
         crate::semantics::driver::page_kinds(&self.shared)
+    }
+
+    /// Sub-devices of each device (0: none): the host backend's `HETMEM_HOST_SUBDEVICES`; 0
+    /// on cuda ([`Driver::sub_devices_note`]).
+    pub fn sub_devices_per_device(&self) -> u32 {
+        crate::semantics::driver::sub_devices(&self.shared)
+    }
+
+    /// Why the devices have no sub-devices, where that is the platform's nature (cuda: a GPU
+    /// is one device, and MIG instances are separate devices, not sub-devices); `None` where
+    /// they are a setting (the host backend).
+    pub fn sub_devices_note(&self) -> Option<String> {
+        crate::semantics::driver::sub_devices_note(&self.shared)
     }
 
     /// The host-backend settings in force; `None` on another backend.
@@ -368,26 +422,33 @@ impl Driver {
     }
 }
 
-/// A device (`ze_device_handle_t`).
+/// A device (`ze_device_handle_t`): a root device of the driver ([`Driver::devices`]) or one
+/// of a root's sub-devices ([`Device::sub_devices`]).
 #[derive(Debug, Clone)]
 pub struct Device {
     pub(crate) shared: Arc<DriverShared>,
     ordinal: u32,
+    /// Sub-device `sub` of root device `ordinal`; `None` for the root itself.
+    sub: Option<u32>,
 }
 
 impl PartialEq for Device {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.shared, &other.shared) && self.ordinal == other.ordinal
+        Arc::ptr_eq(&self.shared, &other.shared)
+            && self.ordinal == other.ordinal
+            && self.sub == other.sub
     }
 }
 impl Eq for Device {}
 
 impl Device {
-    /// The device's ordinal (0-based id).
+    /// The device's ordinal (0-based id); a sub-device has its root's.
     pub fn ordinal(&self) -> u32 {
         self.ordinal
     }
-    /// The backend's description of the device: name, capacity, largest allocation, granularity.
+    /// The backend's description of the device (of its root, for a sub-device): name,
+    /// capacity, largest allocation, granularity. A sub-device's own capacity and largest
+    /// allocation are [`Device::capacity`] and [`Device::max_alloc_size`].
     pub fn info(&self) -> &DeviceInfo {
         &crate::semantics::driver::devices(&self.shared)[self.ordinal as usize]
     }
@@ -397,20 +458,63 @@ impl Device {
         DeviceRef {
             driver: &self.shared,
             ordinal: self.ordinal,
+            sub: self.sub,
         }
     }
 
-    /// Bytes of the capacity in use now.
+    /// The sub-devices of this device (`zeDeviceGetSubDevices`), in index order: none for a
+    /// sub-device, and none where the driver has no sub-devices
+    /// ([`Driver::sub_devices_per_device`]). Each is charged for the memory made on it, within
+    /// its share of this device's capacity, and that memory is this device's too; work on a
+    /// sub-device's queues runs on its root's engines.
+    pub fn sub_devices(&self) -> Vec<Device> {
+        if self.sub.is_some() {
+            return Vec::new();
+        }
+        (0..crate::semantics::driver::sub_devices(&self.shared))
+            .map(|s| Device {
+                shared: self.shared.clone(),
+                ordinal: self.ordinal,
+                sub: Some(s),
+            })
+            .collect()
+    }
+    /// The root device of a sub-device (`zeDeviceGetRootDevice`); `None` for a root device.
+    pub fn root_device(&self) -> Option<Device> {
+        self.sub.map(|_| Device {
+            shared: self.shared.clone(),
+            ordinal: self.ordinal,
+            sub: None,
+        })
+    }
+    /// The index of a sub-device among its root's sub-devices (`subdeviceId`); `None` for a
+    /// root device.
+    pub fn sub_device_id(&self) -> Option<u32> {
+        self.sub
+    }
+    /// Bytes of memory of the device: the backend's capacity for a root device, its share of
+    /// the root's for a sub-device (capacity / sub-devices, rounded down to 2 MiB).
+    pub fn capacity(&self) -> u64 {
+        crate::semantics::driver::capacity(&self.shared, self.ordinal, self.sub)
+    }
+    /// The largest single allocation in bytes (`maxMemAllocSize`): the backend's, and for a
+    /// sub-device at most its [`Device::capacity`].
+    pub fn max_alloc_size(&self) -> u64 {
+        crate::semantics::driver::max_alloc_size(&self.shared, self.ordinal, self.sub)
+    }
+
+    /// Bytes of the capacity in use now (a root's includes what is made on its sub-devices).
     pub fn used_memory(&self) -> u64 {
-        crate::semantics::driver::used_memory(&self.shared, self.ordinal)
+        crate::semantics::driver::used_memory(&self.shared, self.ordinal, self.sub)
     }
     /// Bytes free on the device now: on a GPU what its driver reports (`cuMemGetInfo`, which
     /// counts other processes' memory too), on the host backend's modelled devices the
-    /// capacity less [`Device::used_memory`].
+    /// capacity less [`Device::used_memory`]; on a sub-device, the smaller of its share's
+    /// free bytes and its root's.
     ///
     /// Errors: a driver that cannot answer (`Unknown`, naming the call).
     pub fn free_memory(&self) -> Result<u64> {
-        crate::semantics::driver::free_memory(&self.shared, self.ordinal)
+        crate::semantics::driver::free_memory(&self.shared, self.ordinal, self.sub)
     }
 }
 

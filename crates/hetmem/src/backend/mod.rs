@@ -236,6 +236,15 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// Why this platform's devices have no Level Zero sub-devices, where that is their nature
+    /// (for `hetmem info` and the docs); `None` where sub-devices are a setting (the host
+    /// backend's modelled devices, `HETMEM_HOST_SUBDEVICES`). The sub-device model itself is
+    /// the semantics layer's (`semantics::capacity`); a backend only ever works on whole
+    /// devices.
+    fn sub_devices_note(&self) -> Option<String> {
+        None
+    }
+
     /// Bytes of host memory that host physical memory may use in all (the machine's RAM).
     fn host_capacity(&self) -> u64 {
         platform::total_ram()

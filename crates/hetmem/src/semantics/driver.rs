@@ -58,6 +58,9 @@ pub(crate) struct DriverShared {
     /// use; one operation at a time.
     pub(in crate::semantics) sync_engines:
         parking_lot::Mutex<std::collections::HashMap<u32, Box<dyn crate::backend::Engine>>>,
+    /// The devices' (and sub-devices') capacity counters, shared with `vm`, `usm` and
+    /// `managed` (lock-free).
+    pub(in crate::semantics) devmem: Arc<DeviceMemory>,
 }
 
 impl DriverShared {
@@ -68,10 +71,10 @@ impl DriverShared {
         backend: Box<dyn Backend>,
         ipc_max_range_pieces: usize,
     ) -> DriverShared {
-        let devmem = Arc::new(DeviceMemory::new(backend.devices()));
+        let devmem = Arc::new(DeviceMemory::new(backend.devices(), config.sub_devices()));
         let vm = VmState::new(backend.as_ref(), devmem.clone());
         let managed = ManagedState::new(devmem.clone());
-        let usm = UsmState::new(backend.as_ref(), devmem);
+        let usm = UsmState::new(backend.as_ref(), devmem.clone());
         let vm_index = vm.index.clone();
         DriverShared {
             config,
@@ -83,6 +86,7 @@ impl DriverShared {
             managed,
             ipc_max_range_pieces,
             sync_engines: parking_lot::Mutex::new(Default::default()),
+            devmem,
         }
     }
 
@@ -93,14 +97,26 @@ impl DriverShared {
     pub(crate) fn device_ordinal(&self, device: DeviceRef<'_>) -> Result<u32> {
         crate::semantics::checks::check_device(self, device.driver, device.ordinal)
     }
+
+    /// [`DriverShared::device_ordinal`], with the sub-device `device` names, if any: where
+    /// memory made on it is charged ([`crate::semantics::capacity`]). The backend works on
+    /// the ordinal (a sub-device's work is its root's).
+    ///
+    /// Errors: `InvalidNullHandle` for a device of another driver.
+    pub(crate) fn device_slot(&self, device: DeviceRef<'_>) -> Result<(u32, Option<u32>)> {
+        Ok((self.device_ordinal(device)?, device.sub))
+    }
 }
 
-/// A device as a call names it: its driver and its ordinal (what a `crate::Device` holds).
-/// Checked against the driver of the call by [`DriverShared::device_ordinal`].
+/// A device as a call names it: its driver, its ordinal and, for a sub-device, its index
+/// among its root's sub-devices (what a `crate::Device` holds). Checked against the driver of
+/// the call by [`DriverShared::device_ordinal`].
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DeviceRef<'a> {
     pub(crate) driver: &'a DriverShared,
     pub(crate) ordinal: u32,
+    /// Sub-device `sub` of device `ordinal`; `None` for the (root) device itself.
+    pub(crate) sub: Option<u32>,
 }
 
 /// The backend and the settings in force.
@@ -123,22 +139,54 @@ pub(crate) fn devices(d: &DriverShared) -> &[DeviceInfo] {
     d.backend.devices()
 }
 
-/// Bytes of device `ordinal`'s capacity in use now (physical memory and USM alike).
-pub(crate) fn used_memory(d: &DriverShared, ordinal: u32) -> u64 {
-    d.vm.read().stats().devices[ordinal as usize].used
+/// Sub-devices of every device of this driver (0: none; [`crate::semantics::capacity`]).
+pub(crate) fn sub_devices(d: &DriverShared) -> u32 {
+    d.devmem.sub_devices
+}
+
+/// Why this driver's devices have no sub-devices where that is the platform's nature, not a
+/// setting (the backend's words; `None` where sub-devices are configured, as on the host
+/// backend).
+pub(crate) fn sub_devices_note(d: &DriverShared) -> Option<String> {
+    d.backend.sub_devices_note()
+}
+
+/// Capacity in bytes of device `ordinal`, or of its sub-device `sub` (its share).
+pub(crate) fn capacity(d: &DriverShared, ordinal: u32, sub: Option<u32>) -> u64 {
+    d.devmem.slot_capacity(ordinal as usize, sub)
+}
+
+/// The largest single allocation of device `ordinal` (the backend's), or of its sub-device
+/// `sub` (the same, at most the sub-device's share).
+pub(crate) fn max_alloc_size(d: &DriverShared, ordinal: u32, sub: Option<u32>) -> u64 {
+    let max = devices(d)[ordinal as usize].max_alloc_size;
+    match sub {
+        None => max,
+        Some(_) => max.min(capacity(d, ordinal, sub)),
+    }
+}
+
+/// Bytes of device `ordinal`'s capacity in use now (physical memory and USM alike, its
+/// sub-devices' included), or of its sub-device `sub`'s share.
+pub(crate) fn used_memory(d: &DriverShared, ordinal: u32, sub: Option<u32>) -> u64 {
+    d.devmem.slot_used(ordinal as usize, sub)
 }
 
 /// Bytes free on device `ordinal` now: the backend's answer (`cuMemGetInfo`) where it has one,
-/// else the modelled capacity less [`used_memory`].
+/// else the modelled capacity less [`used_memory`]; on sub-device `sub`, the smaller of its
+/// share's free bytes and its root's.
 ///
 /// Errors: a driver that cannot answer (`Unknown`, naming the call).
-pub(crate) fn free_memory(d: &DriverShared, ordinal: u32) -> Result<u64> {
-    match d.backend.device_free_memory(ordinal)? {
-        Some(free) => Ok(free),
-        None => Ok(devices(d)[ordinal as usize]
-            .capacity
-            .saturating_sub(used_memory(d, ordinal))),
-    }
+pub(crate) fn free_memory(d: &DriverShared, ordinal: u32, sub: Option<u32>) -> Result<u64> {
+    let i = ordinal as usize;
+    let root = match d.backend.device_free_memory(ordinal)? {
+        Some(free) => free,
+        None => d.devmem.slot_free(i, None),
+    };
+    Ok(match sub {
+        None => root,
+        Some(_) => d.devmem.slot_free(i, sub).min(root),
+    })
 }
 
 /// Frees waiting for queued work to finish (for leak checks).

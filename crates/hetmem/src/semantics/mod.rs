@@ -12,7 +12,7 @@
 //! |---|---|
 //! | [`checks`] | the generic argument checks (null, zero, page multiple, alignment, device of the driver) |
 //! | [`ranges`] | sorted non-overlapping ranges with split / merge (the bookkeeping structure) |
-//! | [`capacity`] | per-device capacity counters |
+//! | [`capacity`] | per-device capacity counters; the sub-device model (each sub-device a share of its root, charged with it) |
 //! | [`access`] | per-page access attributes of reservations, read and written without the driver's lock |
 //! | [`vmm`] | reservations, physical memory, mappings, access attributes (the bookkeeping) |
 //! | [`usm`] | host / device / shared allocations, imports of system memory, pending frees (the bookkeeping) |
@@ -59,7 +59,7 @@ pub(crate) mod access;
 pub mod acl;
 pub mod acl_ext;
 pub mod acl_vmm;
-pub(crate) mod capacity;
+pub mod capacity;
 pub(crate) mod checks;
 pub(crate) mod context;
 pub(crate) mod driver;

@@ -190,6 +190,9 @@ pub struct AllocationProperties {
     pub page_size: usize,
     /// The device the memory belongs to (`phDevice`), if any.
     pub device: Option<u32>,
+    /// The sub-device of `device` it was made on, if any (`phDevice` is then that
+    /// sub-device).
+    pub sub_device: Option<u32>,
     /// The compression hint the allocation was made with.
     pub compression: Option<CompressionHint>,
     /// Devices may only read it (an import of read-only memory).
@@ -217,6 +220,8 @@ pub(crate) struct AllocRec {
     pub(crate) span: usize,
     pub(crate) kind: MemoryType,
     pub(crate) device: Option<u32>,
+    /// The sub-device of `device` it was made on (and is charged to), if any.
+    pub(crate) sub_device: Option<u32>,
     pub(crate) id: u64,
     pub(crate) page_size: usize,
     pub(crate) compression: Option<CompressionHint>,
@@ -307,12 +312,15 @@ impl UsmState {
         Ok(i)
     }
 
-    /// `zeMemAllocDevice` / `zeMemAllocHost` / `zeMemAllocShared`: see the module docs.
+    /// `zeMemAllocDevice` / `zeMemAllocHost` / `zeMemAllocShared`: see the module docs. On
+    /// sub-device `sub` of the location's device, the limits are the sub-device's (its share,
+    /// [`crate::semantics::capacity`]) and the charge is the sub-device's and its root's.
     pub(crate) fn alloc(
         &mut self,
         backend: &dyn Backend,
         context: u64,
         location: AllocLocation,
+        sub: Option<u32>,
         desc: &AllocDesc,
     ) -> Result<usize> {
         let device = match location {
@@ -333,18 +341,29 @@ impl UsmState {
         }
         // Host allocations (and shared ones without a device) use device 0's limits.
         let limit_dev = device.unwrap_or(0);
-        let max = self.max_alloc.get(limit_dev).copied().unwrap_or(u64::MAX);
+        let sub = device.and(sub);
+        // Named only when refusing (no formatting on the allocation path).
+        let what = || match sub {
+            Some(s) => format!("sub-device {s} of device {limit_dev}"),
+            None => format!("device {limit_dev}"),
+        };
+        let mut max = self.max_alloc.get(limit_dev).copied().unwrap_or(u64::MAX);
+        if sub.is_some() {
+            max = max.min(self.devmem.slot_capacity(limit_dev, sub));
+        }
         if !desc.relaxed_max_size && size as u64 > max {
             return Err(Error::UnsupportedSize(format!(
-                "size {size:#x} exceeds the largest single allocation {max:#x} of device \
-                 {limit_dev} (chain relaxed allocation limits with MAX_SIZE to allow it)"
+                "size {size:#x} exceeds the largest single allocation {max:#x} of {} \
+                 (chain relaxed allocation limits with MAX_SIZE to allow it)",
+                what()
             )));
         }
         if let Some(i) = device {
-            let cap = self.devmem.capacity(i);
+            let cap = self.devmem.slot_capacity(i, sub);
             if size as u64 > cap {
                 return Err(Error::UnsupportedSize(format!(
-                    "size {size:#x} exceeds the whole capacity {cap:#x} of device {i}"
+                    "size {size:#x} exceeds the whole capacity {cap:#x} of {}",
+                    what()
                 )));
             }
         }
@@ -365,7 +384,7 @@ impl UsmState {
         })?;
         let align = desc.alignment.max(page);
         let charge = device
-            .map(|i| self.devmem.charge(i, span as u64))
+            .map(|i| self.devmem.charge_on(i, sub, span as u64))
             .transpose()?;
         // On error the charge is dropped, so given back.
         let (addr, raw) = backend.alloc(location, span, align)?;
@@ -381,6 +400,7 @@ impl UsmState {
                 span,
                 kind,
                 device: device.map(|i| i as u32),
+                sub_device: sub,
                 id: self.devmem.next_id(),
                 page_size: page,
                 compression: desc.compression,
@@ -478,6 +498,7 @@ impl UsmState {
                 span: 0,
                 kind: MemoryType::HostImported,
                 device: None,
+                sub_device: None,
                 id: self.devmem.next_id(),
                 page_size: page,
                 compression: None,
@@ -532,6 +553,7 @@ impl UsmState {
             id: r.id,
             page_size: r.page_size,
             device: r.device,
+            sub_device: r.sub_device,
             compression: r.compression,
             read_only: r.read_only,
         })

@@ -396,12 +396,14 @@ impl VmState {
     }
 
     /// `zePhysicalMemCreate`. `device` is required for device memory and ignored for host
-    /// memory.
+    /// memory; device memory on sub-device `sub` of it is charged to the sub-device and its
+    /// root ([`crate::semantics::capacity`]).
     pub(crate) fn create_physical(
         &mut self,
         backend: &dyn Backend,
         context: u64,
         device: Option<u32>,
+        sub: Option<u32>,
         flags: PhysicalMemoryFlags,
         size: usize,
     ) -> Result<PhysicalMemory> {
@@ -433,7 +435,9 @@ impl VmState {
             }
         }
         let charge = match location {
-            PhysicalLocation::Device(d) => Some(self.devmem.charge(d as usize, size as u64)?),
+            PhysicalLocation::Device(d) => {
+                Some(self.devmem.charge_on(d as usize, sub, size as u64)?)
+            }
             PhysicalLocation::Host => None,
         };
         // On error the charge is dropped, so given back.

@@ -518,6 +518,20 @@ impl Backend for CudaBackend {
         self.describe.clone()
     }
 
+    fn sub_devices_note(&self) -> Option<String> {
+        Some(
+            "none: a CUDA GPU is one device with one memory and one set of engines that the \
+             driver schedules itself; Level Zero sub-devices are parts of one device (tiles, \
+             each with its own share of the memory and its own queues) that a program \
+             addresses as devices of their own beside their root, and CUDA exposes no such \
+             part. MIG is not that either: a MIG instance is a separate CUDA device (chosen \
+             by CUDA_VISIBLE_DEVICES, its memory walled off), never a child of the whole GPU \
+             in the same process; without MIG (an H200 by default) there is only the whole \
+             GPU"
+            .into(),
+        )
+    }
+
     fn devices(&self) -> &[DeviceInfo] {
         &self.devices
     }

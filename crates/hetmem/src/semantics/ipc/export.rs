@@ -45,8 +45,8 @@ use std::sync::Arc;
 use crate::backend::{PhysicalLocation, SharedPart};
 use crate::error::{Addr, Error, Result};
 use crate::semantics::capacity::Charge;
-use crate::semantics::checks::{check_device, null_check};
-use crate::semantics::driver::DriverShared;
+use crate::semantics::checks::null_check;
+use crate::semantics::driver::{DeviceRef, DriverShared};
 use crate::semantics::ipc::broker::start_broker;
 use crate::semantics::ipc::format::{encode, run_pieces, whole_pieces, Decoded, IpcHandle, Piece};
 use crate::semantics::ipc::handle_types::{check_handle_types, SUPPORTED_TYPES};
@@ -511,20 +511,19 @@ pub(crate) fn register(
 pub(crate) fn create_physical_with_types(
     d: &DriverShared,
     context: u64,
-    device: Option<(&DriverShared, u32)>,
+    device: Option<DeviceRef<'_>>,
     flags: PhysicalMemoryFlags,
     size: usize,
     types: IpcHandleTypes,
 ) -> Result<PhysicalMemory> {
     check_handle_types(types, SUPPORTED_TYPES, None)?;
-    if let Some((drv, ordinal)) = device {
-        check_device(d, drv, ordinal)?;
-    }
+    let slot = device.map(|dev| d.device_slot(dev)).transpose()?;
     let mut vm = d.vm.write();
     let p = vm.create_physical(
         d.backend.as_ref(),
         context,
-        device.map(|(_, o)| o),
+        slot.map(|s| s.0),
+        slot.and_then(|s| s.1),
         flags,
         size,
     )?;

@@ -19,13 +19,13 @@ pub(crate) fn alloc_device(
     device: DeviceRef<'_>,
     desc: &AllocDesc,
 ) -> Result<usize> {
-    let ordinal = d.device_ordinal(device)?;
-    alloc(d, context, AllocLocation::Device(ordinal), desc)
+    let (ordinal, sub) = d.device_slot(device)?;
+    alloc(d, context, AllocLocation::Device(ordinal), sub, desc)
 }
 
 /// `zeMemAllocHost` (or, with `desc.system_memory`, the system-memory import).
 pub(crate) fn alloc_host(d: &DriverShared, context: u64, desc: &AllocDesc) -> Result<usize> {
-    alloc(d, context, AllocLocation::Host, desc)
+    alloc(d, context, AllocLocation::Host, None, desc)
 }
 
 /// `zeMemAllocShared`, associated with `device` (checked to be of this driver) if given.
@@ -35,18 +35,26 @@ pub(crate) fn alloc_shared(
     device: Option<DeviceRef<'_>>,
     desc: &AllocDesc,
 ) -> Result<usize> {
-    let device = device.map(|dev| d.device_ordinal(dev)).transpose()?;
-    alloc(d, context, AllocLocation::Shared(device), desc)
+    let slot = device.map(|dev| d.device_slot(dev)).transpose()?;
+    alloc(
+        d,
+        context,
+        AllocLocation::Shared(slot.map(|s| s.0)),
+        slot.and_then(|s| s.1),
+        desc,
+    )
 }
 
 /// One allocation with every option `desc` chains: the chain is checked ([`check_chain`],
 /// then the IPC handle types) before anything is made; a system-memory import goes to
 /// [`import_system_memory`]; handle types are recorded under the same hold of the USM lock as
-/// the allocation, so no get can see it without them.
+/// the allocation, so no get can see it without them. `sub` is the sub-device of the
+/// location's device the memory is made on, if any (charged with its root).
 fn alloc(
     d: &DriverShared,
     context: u64,
     location: AllocLocation,
+    sub: Option<u32>,
     desc: &AllocDesc,
 ) -> Result<usize> {
     check_chain(location, desc)?;
@@ -61,7 +69,7 @@ fn alloc(
         return Ok(p);
     }
     let mut usm = d.usm.write();
-    let p = usm.alloc(d.backend.as_ref(), context, location, desc)?;
+    let p = usm.alloc(d.backend.as_ref(), context, location, sub, desc)?;
     if let Some(t) = desc.ipc_types {
         usm.set_ipc_types(context, p, t);
     }

@@ -52,9 +52,15 @@ pub(crate) fn create_physical(
     flags: PhysicalMemoryFlags,
     size: usize,
 ) -> Result<PhysicalMemory> {
-    let device = device.map(|dev| d.device_ordinal(dev)).transpose()?;
-    d.vm.write()
-        .create_physical(d.backend.as_ref(), context, device, flags, size)
+    let slot = device.map(|dev| d.device_slot(dev)).transpose()?;
+    d.vm.write().create_physical(
+        d.backend.as_ref(),
+        context,
+        slot.map(|s| s.0),
+        slot.and_then(|s| s.1),
+        flags,
+        size,
+    )
 }
 
 /// `zePhysicalMemDestroy`.
