@@ -573,8 +573,12 @@ pub unsafe extern "C" fn zeDeviceGetMemoryAccessProperties(
         p.deviceAllocCapabilities = all;
         p.sharedSingleDeviceAllocCapabilities = all;
         p.sharedCrossDeviceAllocCapabilities = all;
-        // Plain system memory is reachable only once imported.
-        p.sharedSystemAllocCapabilities = 0;
+        // Plain system memory as a queue operand (copies and fills), read and written.
+        p.sharedSystemAllocCapabilities = if hetmem::queue::SYSTEM_MEMORY_IN_QUEUES {
+            ZE_MEMORY_ACCESS_CAP_FLAG_RW
+        } else {
+            0
+        };
     })
 }
 

@@ -606,6 +606,13 @@ fn case_12_sub_devices() {
     loader_suite_env("cases_subdevices", &[("HETMEM_HOST_SUBDEVICES", "2")]);
 }
 
+/// Case 1 of `shared/cases/level-zero.md`: malloc and stack memory as operands of copies and
+/// fills, the capability reported, unmapped ranges refused.
+#[test]
+fn case_1_system_memory_in_queue_operations() {
+    loader_suite("cases_sysmem");
+}
+
 #[test]
 fn queues_lists_events_fences_and_free_policies() {
     loader_suite("queue");

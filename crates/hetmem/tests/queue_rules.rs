@@ -287,6 +287,87 @@ fn fill_pattern_not_a_power_of_two_up_to_128_is_invalid_size() {
     }
 }
 
+/// Case 1 of `shared/cases/level-zero.md`: plain system memory (the heap, the stack) as a
+/// source or destination of queued copies and fills; not held against frees; an unmapped or
+/// inaccessible range is `InvalidArgument`, a read-only one no destination.
+#[test]
+fn system_memory_is_an_operand_of_copies_and_fills() {
+    if common::skip() {
+        return;
+    }
+    const { assert!(hetmem::queue::SYSTEM_MEMORY_IN_QUEUES) };
+    let (_rt, d0, ctx) = setup1(64 << 20);
+    let n = 64 * KIB;
+    let a = ctx.alloc_device(&d0, &AllocDesc::new(n)).unwrap();
+    let src: Vec<u8> = (0..n).map(|i| (i * 13 + 5) as u8).collect();
+    let mut dst = vec![0u8; n];
+    let l = ctx.create_immediate_command_list(&d0).unwrap();
+    l.append_memory_copy(a, src.as_ptr() as usize, n, None, &[])
+        .unwrap();
+    l.append_memory_copy(dst.as_mut_ptr() as usize, a, n, None, &[])
+        .unwrap();
+    l.host_synchronize(u64::MAX).unwrap();
+    assert_eq!(dst, src);
+    let mut stack = [0u8; 100];
+    l.append_memory_fill(stack.as_mut_ptr() as usize, &[1, 2, 3, 4], 99, None, &[])
+        .unwrap();
+    l.host_synchronize(u64::MAX).unwrap();
+    assert_eq!(&std::hint::black_box(&stack)[..6], &[1, 2, 3, 4, 1, 2]);
+    assert_eq!(stack[98], 3);
+    assert_eq!(stack[99], 0);
+    // Not held: the program frees it whenever it likes, with nothing waiting.
+    drop(src);
+    // Unmapped, inaccessible, read-only.
+    let page = 4096;
+    // SAFETY: a fresh private mapping of our own, then its second page unmapped.
+    let m = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            2 * page,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(m, libc::MAP_FAILED);
+    let m = m as usize;
+    // SAFETY: our own mapping.
+    assert_eq!(unsafe { libc::munmap((m + page) as *mut _, page) }, 0);
+    for (what, r) in [
+        (
+            "unmapped source",
+            l.append_memory_copy(a, m + page, 64, None, &[]),
+        ),
+        (
+            "unmapped destination",
+            l.append_memory_copy(m + page, a, 64, None, &[]),
+        ),
+        (
+            "into the hole",
+            l.append_memory_copy(a, m + page - 32, 64, None, &[]),
+        ),
+        (
+            "read-only destination",
+            l.append_memory_copy(m, a, 64, None, &[]),
+        ),
+        (
+            "read-only fill",
+            l.append_memory_fill(m, &[7], 64, None, &[]),
+        ),
+    ] {
+        let err = r.expect_err(what);
+        assert_eq!(err.ze_result(), INVALID_ARGUMENT, "{what}: {err}");
+    }
+    l.append_memory_copy(a, m, 64, None, &[]).unwrap();
+    // SAFETY: our own mapping; the copy from it has been appended to an immediate list,
+    // synchronized first.
+    l.host_synchronize(u64::MAX).unwrap();
+    assert_eq!(unsafe { libc::munmap(m as *mut _, page) }, 0);
+    l.host_synchronize(u64::MAX).unwrap();
+    ctx.free_memory(a).unwrap();
+}
+
 #[test]
 fn bad_pointers_and_sizes_are_rejected_at_append_and_nothing_is_appended() {
     if common::skip() {
@@ -298,8 +379,9 @@ fn bad_pointers_and_sizes_are_rejected_at_append_and_nothing_is_appended() {
     let b = ctx.alloc_host(&AllocDesc::new(n)).unwrap();
     let freed = ctx.alloc_host(&AllocDesc::new(n)).unwrap();
     ctx.free_memory(freed).unwrap();
-    let stack = [0u8; 64];
-    let unknown = stack.as_ptr() as usize;
+    // Memory of no kind: a page that is never mapped (Linux keeps the first 64 KiB unmapped);
+    // plain system memory is an operand (system_memory_is_an_operand_of_copies_and_fills).
+    let unknown = 4096usize;
     dev_set(&ctx, a, 0x11, n);
     let l = ctx.create_command_list(&d0).unwrap();
     let cases: Vec<(&str, hetmem::Result<()>, u32)> = vec![

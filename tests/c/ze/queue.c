@@ -97,8 +97,9 @@ int main(void) {
     CHECK(zeCommandListAppendMemoryFill(l, dst, &pat, 3, 64, NULL, 0, NULL), ZE_RESULT_ERROR_INVALID_SIZE);
     CHECK(zeCommandListAppendMemoryFill(l, dst, &pat, 1u << 30, 64, NULL, 0, NULL), ZE_RESULT_ERROR_INVALID_SIZE);
     CHECK(zeCommandListAppendMemoryFill(l, dst, NULL, 4, 64, NULL, 0, NULL), ZE_RESULT_ERROR_INVALID_NULL_POINTER);
-    int local[16];
-    CHECK(zeCommandListAppendMemoryCopy(l, dst, local, sizeof local, NULL, 0, NULL), ZE_RESULT_ERROR_INVALID_ARGUMENT);
+    /* memory of no kind: a page that is never mapped (system memory is an operand: case 1,
+     * cases_sysmem.c) */
+    CHECK(zeCommandListAppendMemoryCopy(l, dst, (void *)(uintptr_t)4096, 64, NULL, 0, NULL), ZE_RESULT_ERROR_INVALID_ARGUMENT);
     CHECK(zeCommandListAppendMemoryCopy(l, dst, src, N + 1, NULL, 0, NULL), ZE_RESULT_ERROR_INVALID_ARGUMENT);
     CHECK_V(zeCommandListAppendMemoryCopy(l, NULL, src, 16, NULL, 0, NULL), ZE_RESULT_ERROR_INVALID_NULL_POINTER,
             ZE_RESULT_ERROR_INVALID_NULL_POINTER);

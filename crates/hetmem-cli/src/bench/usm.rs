@@ -9,6 +9,8 @@
 //!   bytes between the same two buffers on the calling thread. Both sides touch every page
 //!   first, so both measure copies, not page faults. Ratio: bandwidth / memcpy bandwidth
 //!   (target >= 0.8).
+//! - **queue copy malloc->device** at 64 MiB: the same closed list with a `malloc`'d source
+//!   (plain system memory, Level Zero case 1) against a USM host source. Target >= 0.9.
 //! - **queue fill** (1-byte pattern) at 64 MiB and 1 GiB against `memset` of the same bytes,
 //!   and a 16-byte pattern at 64 MiB against the same `memset` (what a pattern costs). Ratio as
 //!   for copies.
@@ -229,6 +231,37 @@ fn copies_and_fills(
                 },
             )?;
             rows.push(bandwidth_row(op, k, size, h, b, "memcpy of the same bytes"));
+        }
+        if size == 64 * MIB {
+            // System memory as an operand (Level Zero case 1): the same queue copy from a
+            // `malloc`'d buffer against one from a USM host allocation (target >= 0.9x).
+            let sys = vec![3u8; size];
+            let sp = sys.as_ptr() as usize;
+            let list_from = |src: usize| -> Result<CommandList, String> {
+                let l = ctx.create_command_list(d0).map_err(e2s)?;
+                l.append_memory_copy(dev0, src, size, None, &[])
+                    .map_err(e2s)?;
+                l.close().map_err(e2s)?;
+                Ok(l)
+            };
+            let (lm, lu) = (list_from(sp)?, list_from(host)?);
+            let (h, b) = alternate(
+                args.rounds,
+                || run_list(&q, &lm, size, reps),
+                || run_list(&q, &lu, size, reps),
+            )?;
+            rows.push(Row {
+                target: Some(">= 0.9x"),
+                ..bandwidth_row(
+                    "copy malloc->device",
+                    "copy_sys2d",
+                    size,
+                    h,
+                    b,
+                    "the same queue copy from a USM host allocation",
+                )
+            });
+            black_box(&sys);
         }
         let fills: &[(&'static str, &str, usize)] = if size == GIB {
             &[("fill 1-byte pattern", "fill", 1)]

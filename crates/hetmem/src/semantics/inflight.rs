@@ -21,6 +21,9 @@ pub(crate) enum InFlightRef {
     Reservation(usize),
     /// An opened IPC view ([`crate::ipc`]), by base address.
     View(usize),
+    /// Plain system memory of the process (`malloc`, the stack): counted like the others, but
+    /// nothing waits on it (the program owns that memory; frees are not held).
+    System,
 }
 
 /// Driver-wide counts of in-flight references (USM allocations by id, reservations and IPC

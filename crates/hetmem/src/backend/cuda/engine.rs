@@ -227,7 +227,13 @@ fn run(
                 EngineOp::Fill { ptr, pattern, size } => {
                     if !abandoned && size > 0 {
                         // SAFETY: as for Copy.
-                        unsafe { fill(fault, stream, ptr, &pattern, size) };
+                        unsafe {
+                            if pageable(ptr) {
+                                fill_pageable(fault, stream, ptr, &pattern, size)
+                            } else {
+                                fill(fault, stream, ptr, &pattern, size)
+                            }
+                        };
                         device_work = true;
                     }
                 }
@@ -307,6 +313,51 @@ unsafe fn copy(fault: &Fault, stream: sys::CUstream, dst: usize, src: usize, siz
             sys::cuStreamSynchronize(stream),
         );
         let _ = sys::cuMemFree_v2(tmp);
+    }
+}
+
+/// Whether `ptr` is plain pageable memory of the process, which CUDA does not know
+/// (`cuPointerGetAttribute` answers `CUDA_ERROR_INVALID_VALUE`): device, host-allocated,
+/// registered and mapped memory are known. The semantics layer accepts such memory as a
+/// queue operand only where the process has it mapped with the access needed.
+fn pageable(ptr: usize) -> bool {
+    let mut t: u32 = 0;
+    // SAFETY: writes one CUmemorytype (an unsigned int) into `t`.
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut t as *mut u32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            ptr as u64,
+        )
+    };
+    r == sys::CUresult::CUDA_ERROR_INVALID_VALUE
+}
+
+/// A fill of pageable memory, which `cuMemsetD*Async` cannot take: in stream order, the
+/// stream is synchronized and the host writes the pattern (staging through device memory would
+/// cost a copy of the same size over the bus).
+///
+/// # Safety
+/// The range is live, writable memory of this process.
+unsafe fn fill_pageable(
+    fault: &Fault,
+    stream: sys::CUstream,
+    ptr: usize,
+    pattern: &[u8],
+    size: usize,
+) {
+    // SAFETY: the stream is ours.
+    unsafe {
+        report(
+            fault,
+            "cuStreamSynchronize",
+            sys::cuStreamSynchronize(stream),
+        )
+    };
+    // SAFETY: forwarded contract.
+    let dst = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, size) };
+    for (i, b) in dst.iter_mut().enumerate() {
+        *b = pattern[i % pattern.len()];
     }
 }
 

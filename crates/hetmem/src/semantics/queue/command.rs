@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::backend::{EngineOp, EngineSync};
+use crate::backend::{Backend, EngineOp, EngineSync};
 use crate::error::{Addr, Error, Result};
 use crate::semantics::driver::DriverShared;
 use crate::semantics::inflight::InFlightRef;
@@ -23,6 +23,7 @@ pub(crate) struct Operand {
 /// Checks one operand against live memory (see the module docs); returns what it references
 /// (the USM allocation, the reservation or the IPC view).
 pub(crate) fn check_operand(
+    backend: &dyn Backend,
     usm: &UsmState,
     vm: &VmState,
     views: &crate::semantics::ipc::Views<'_>,
@@ -79,11 +80,40 @@ pub(crate) fn check_operand(
             ))),
         },
         Some(Err(why)) => Err(Error::InvalidArgument(format!("{what}: {why}"))),
-        None => Err(Error::InvalidArgument(format!(
-            "{what} {} is not inside a USM allocation, an import, an opened IPC view or a \
-             virtual-memory reservation",
-            Addr(op.ptr)
-        ))),
+        None => system_operand(backend, op, what, end),
+    }
+}
+
+/// An operand in none of the driver's memory: plain system memory of the process (`malloc`,
+/// `new[]`, the stack) is accepted where the process has it mapped with the access needed
+/// (the backend reads the process's mappings; nothing is touched), and is not held against
+/// frees. Both backends reach it: the host backend's engines are threads of this process, and
+/// CUDA copies pageable memory (`SYSTEM_MEMORY_IN_QUEUES`).
+fn system_operand(
+    backend: &dyn Backend,
+    op: Operand,
+    what: &str,
+    end: usize,
+) -> Result<InFlightRef> {
+    use crate::backend::Protection;
+    let not = |why: &str| {
+        Err(Error::InvalidArgument(format!(
+            "{what} [{}, {}) is not inside a USM allocation, an import, an opened IPC view or a \
+             virtual-memory reservation, and {why}",
+            Addr(op.ptr),
+            Addr(end)
+        )))
+    };
+    if op.size == 0 {
+        return Ok(InFlightRef::System);
+    }
+    match backend.query_host_protection(op.ptr, op.size) {
+        None => not("is not mapped system memory of this process"),
+        Some(Protection::None) => not("system memory of this process there is not readable"),
+        Some(Protection::ReadOnly) if op.write => {
+            not("system memory of this process there is not writable")
+        }
+        Some(_) => Ok(InFlightRef::System),
     }
 }
 
@@ -105,7 +135,7 @@ pub(crate) fn check_all(d: &DriverShared, cmds: &[Cmd], hold: bool) -> Result<Ve
     let mut ids = Vec::new();
     for c in cmds {
         for op in c.operands() {
-            ids.push(check_operand(&usm, &vm, &views, op)?);
+            ids.push(check_operand(d.backend.as_ref(), &usm, &vm, &views, op)?);
         }
     }
     ids.sort_unstable();
@@ -216,7 +246,7 @@ pub(crate) fn hold(d: &Arc<DriverShared>, o: Operand) -> Result<HeldOperand> {
     let views = crate::semantics::ipc::views(d);
     let gates = vm.gates_for([o.ptr]);
     let _held: Vec<_> = gates.iter().map(|p| p.exclusive()).collect();
-    let r = check_operand(&usm, &vm, &views, o)?;
+    let r = check_operand(d.backend.as_ref(), &usm, &vm, &views, o)?;
     d.inflight.acquire(&[r]);
     Ok(HeldOperand {
         driver: d.clone(),
