@@ -93,17 +93,21 @@ impl Global {
 impl AclStream {
     /// A stream on `ctx`'s device.
     pub fn new(ctx: &Arc<Ctx>, handle: usize) -> Res<AclStream> {
-        let engine = match ctx.ctx.create_stream(&ctx.dev) {
-            Ok(stream) => Engine::Managed {
-                stream,
-                list: Mutex::new(None),
-            },
-            // Managed memory unavailable here (no userfaultfd): streams run plain work only.
-            Err(e) if e.acl_error() == hetmem::AclCode::RtFeatureNotSupport as u32 => {
-                Engine::Plain(ctx.ctx.create_immediate_command_list(&ctx.dev)?)
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let engine =
+            match ctx.ctx.create_stream(&ctx.dev) {
+                Ok(stream) => Engine::Managed {
+                    stream,
+                    list: Mutex::new(None),
+                },
+                // Managed memory unavailable here (no userfaultfd): streams run plain work only.
+                Err(e) if e.acl_error() == hetmem::AclCode::RtFeatureNotSupport as u32 => {
+                    Engine::Plain(ctx.ctx.create_immediate_command_list_for(
+                        &ctx.dev,
+                        hetmem::queue::OperandRule::Acl,
+                    )?)
+                }
+                Err(e) => return Err(e.into()),
+            };
         Ok(AclStream {
             handle,
             ctx: ctx.clone(),
@@ -165,7 +169,10 @@ impl AclStream {
             Engine::Managed { stream, list } => {
                 let mut l = list.lock();
                 if l.is_none() {
-                    *l = Some(self.ctx.ctx.create_immediate_command_list(&self.ctx.dev)?);
+                    *l = Some(self.ctx.ctx.create_immediate_command_list_for(
+                        &self.ctx.dev,
+                        hetmem::queue::OperandRule::Acl,
+                    )?);
                 }
                 let list = l.as_ref().expect("made above");
                 let reached = self.ctx.ctx.create_event()?;

@@ -363,6 +363,37 @@ fn system_memory_is_an_operand_of_copies_and_fills() {
     // SAFETY: our own mapping; the copy from it has been appended to an immediate list,
     // synchronized first.
     l.host_synchronize(u64::MAX).unwrap();
+    // ACL's streams follow ACL's rule: only memory the runtime knows.
+    let acl = ctx
+        .create_immediate_command_list_for(&d0, hetmem::queue::OperandRule::Acl)
+        .unwrap();
+    let heap = vec![0u8; 64];
+    for (what, r) in [
+        (
+            "ACL: a malloc source",
+            acl.append_memory_copy(a, heap.as_ptr() as usize, 64, None, &[]),
+        ),
+        (
+            "ACL: a malloc fill",
+            acl.append_memory_fill(heap.as_ptr() as usize, &[1], 64, None, &[]),
+        ),
+    ] {
+        let err = r.expect_err(what);
+        assert_eq!(err.ze_result(), INVALID_ARGUMENT, "{what}: {err}");
+        assert!(
+            err.to_string().contains("memory the runtime knows"),
+            "{err}"
+        );
+    }
+    acl.append_memory_copy(a, a + 64, 64, None, &[]).unwrap();
+    acl.host_synchronize(u64::MAX).unwrap();
+    // A range running from system memory into an allocation is refused, naming it.
+    let h = ctx.alloc_host(&AllocDesc::new(n)).unwrap();
+    let err = l
+        .append_memory_copy(a, h - 16, 64, None, &[])
+        .expect_err("into an allocation");
+    assert_eq!(err.ze_result(), INVALID_ARGUMENT, "{err}");
+    ctx.free_memory(h).unwrap();
     assert_eq!(unsafe { libc::munmap(m as *mut _, page) }, 0);
     l.host_synchronize(u64::MAX).unwrap();
     ctx.free_memory(a).unwrap();

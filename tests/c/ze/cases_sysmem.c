@@ -65,6 +65,46 @@ int main(void) {
     OK(zeCommandQueueExecuteCommandLists(q, 1, &rl, NULL));
     OK(zeCommandQueueSynchronize(q, UINT64_MAX));
     EXPECT(memcmp(src, dst, N) == 0);
+    /* large copies both ways at odd offsets and sizes (the cuda backend stages pageable memory
+     * through pinned buffers in chunks: several chunks and a partial last one), host USM to and
+     * from malloc, and fills of a large malloc buffer with 1-, 4- and 16-byte patterns */
+    {
+        const size_t L = (40u << 20) + 13;
+        unsigned char *big = malloc(L + 64), *back = malloc(L + 64);
+        void *dbig = NULL, *husm = NULL;
+        MUST(big && back ? ZE_RESULT_SUCCESS : ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY);
+        MUST(zeMemAllocDevice(e.ctx, &DEV_DESC, L + 64, 64, e.dev[0], &dbig));
+        MUST(zeMemAllocHost(e.ctx, &HOST_DESC, L + 64, 64, &husm));
+        for (size_t i = 0; i < L + 64; i++) big[i] = (unsigned char)(i * 31 + (i >> 20));
+        memset(back, 0, L + 64);
+        OK(zeCommandListAppendMemoryCopy(list, (char *)dbig + 7, big + 3, L, NULL, 0, NULL));
+        OK(zeCommandListAppendMemoryCopy(list, back + 5, (char *)dbig + 7, L, NULL, 0, NULL));
+        EXPECT(memcmp(back + 5, big + 3, L) == 0 && back[4] == 0 && back[L + 5] == 0);
+        memset(back, 0, L + 64);
+        OK(zeCommandListAppendMemoryCopy(list, husm, big, L, NULL, 0, NULL));
+        OK(zeCommandListAppendMemoryCopy(list, back, husm, L, NULL, 0, NULL));
+        EXPECT(memcmp(back, big, L) == 0);
+        unsigned char p16[16];
+        for (int i = 0; i < 16; i++) p16[i] = (unsigned char)(0x30 + i);
+        OK(zeCommandListAppendMemoryFill(list, back + 1, p16, 16, L, NULL, 0, NULL));
+        int fill_ok = back[0] == big[0];
+        for (size_t i = 0; i < L && fill_ok; i += 4099) fill_ok = back[1 + i] == p16[i % 16];
+        EXPECT(fill_ok && back[L] == p16[(L - 1) % 16] && back[L + 1] == 0);
+        OK(zeCommandListAppendMemoryFill(list, back, &four, 4, L, NULL, 0, NULL));
+        EXPECT(back[0] == 1 && back[L - 1] == ((L - 1) % 4) + 1);
+        OK(zeCommandListAppendMemoryFill(list, back, &one, 1, L, NULL, 0, NULL));
+        EXPECT(back[0] == 0xa5 && back[L / 2] == 0xa5 && back[L - 1] == 0xa5 && back[L] != 0xa5);
+        /* in queue order: a fill of malloc memory after a copy into it, then a copy out */
+        OK(zeCommandListAppendMemoryCopy(list, back, dbig, 4096, NULL, 0, NULL));
+        OK(zeCommandListAppendMemoryFill(list, back + 100, &one, 1, 10, NULL, 0, NULL));
+        OK(zeCommandListAppendMemoryCopy(list, husm, back, 4096, NULL, 0, NULL));
+        EXPECT(((unsigned char *)husm)[99] == big[3 + 92] && ((unsigned char *)husm)[100] == 0xa5 &&
+               ((unsigned char *)husm)[110] == big[3 + 103]);
+        zeMemFree(e.ctx, husm);
+        zeMemFree(e.ctx, dbig);
+        free(big);
+        free(back);
+    }
     /* not held against frees: the program frees its memory whenever it likes */
     free(src);
     /* a range that is not mapped: INVALID_ARGUMENT, never a crash */

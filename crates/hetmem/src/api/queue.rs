@@ -316,11 +316,25 @@ impl Context {
 
     /// Creates an immediate command list for `device` (`zeCommandListCreateImmediate`,
     /// asynchronous mode): each append is validated and submitted to the list's own engine at
-    /// once.
+    /// once. Its operands follow Level Zero's rule ([`OperandRule::LevelZero`]: plain system
+    /// memory included).
     ///
     /// Errors: as [`Context::create_command_queue`].
     pub fn create_immediate_command_list(&self, device: &Device) -> Result<CommandList> {
-        let core = ListCore::immediate(self.d_arc(), device.dref(), self.id(), None);
+        self.create_immediate_command_list_for(device, OperandRule::LevelZero)
+    }
+
+    /// Creates an immediate command list for `device` whose operands follow `rule`: an ACL
+    /// stream's list ([`OperandRule::Acl`]: `aclrtMemcpyAsync` / `aclrtMemsetAsync` take only
+    /// memory the runtime knows).
+    ///
+    /// Errors: as [`Context::create_command_queue`].
+    pub fn create_immediate_command_list_for(
+        &self,
+        device: &Device,
+        rule: OperandRule,
+    ) -> Result<CommandList> {
+        let core = ListCore::immediate(self.d_arc(), device.dref(), self.id(), None, rule);
         self.list(device, core)
     }
 
@@ -378,7 +392,13 @@ impl Context {
         device: &Device,
         desc: &CommandQueueDesc,
     ) -> Result<CommandList> {
-        let core = ListCore::immediate(self.d_arc(), device.dref(), self.id(), Some(desc));
+        let core = ListCore::immediate(
+            self.d_arc(),
+            device.dref(),
+            self.id(),
+            Some(desc),
+            OperandRule::LevelZero,
+        );
         self.list(device, core)
     }
 }

@@ -21,8 +21,8 @@ pub(crate) enum InFlightRef {
     Reservation(usize),
     /// An opened IPC view ([`crate::ipc`]), by base address.
     View(usize),
-    /// Plain system memory of the process (`malloc`, the stack): counted like the others, but
-    /// nothing waits on it (the program owns that memory; frees are not held).
+    /// Plain system memory of the process (`malloc`, the stack), Level Zero only: never
+    /// acquired (the program owns that memory; frees are not held).
     System,
 }
 
@@ -120,6 +120,17 @@ impl InFlight {
         } else {
             Some(p)
         }
+    }
+
+    /// The freed allocation whose memory is still held for queued work (a pending free) that
+    /// overlaps `[start, end)`, as `(base, end)`. Takes the state lock: callers holding the
+    /// usm / vm read locks may call it (the lock order of `crate::semantics::driver`).
+    pub(crate) fn pending_overlapping(&self, start: usize, end: usize) -> Option<(usize, usize)> {
+        let st = self.state.lock();
+        st.pending
+            .values()
+            .map(|p| (p.ptr, p.ptr + p.rec.extent()))
+            .find(|&(b, e)| b < end && start < e)
     }
 
     /// Number of frees waiting for work to finish.

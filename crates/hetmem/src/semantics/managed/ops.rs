@@ -108,7 +108,7 @@ fn device_side(d: &DriverShared, p: usize, count: usize, write: bool) -> Option<
         usm.operand_info(p).is_some() || vm.pointer_info(p).is_some() || views.range(p).is_some();
     known.then(|| {
         check_operand(
-            d.backend.as_ref(),
+            d,
             &usm,
             &vm,
             &views,
@@ -117,6 +117,7 @@ fn device_side(d: &DriverShared, p: usize, count: usize, write: bool) -> Option<
                 size: count,
                 write,
             },
+            crate::semantics::queue::OperandRule::Acl,
         )
         .map(|_| ())
         .map_err(operand_error)

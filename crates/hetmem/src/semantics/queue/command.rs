@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::backend::{Backend, EngineOp, EngineSync};
+use crate::backend::{EngineOp, EngineSync};
 use crate::error::{Addr, Error, Result};
 use crate::semantics::driver::DriverShared;
 use crate::semantics::inflight::InFlightRef;
@@ -20,14 +20,28 @@ pub(crate) struct Operand {
     pub(crate) write: bool,
 }
 
-/// Checks one operand against live memory (see the module docs); returns what it references
-/// (the USM allocation, the reservation or the IPC view).
+/// Which spec's operand rule a queue operation follows for memory the driver does not know
+/// (see the module docs of [`crate::semantics::queue`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperandRule {
+    /// Level Zero (`zeCommandListAppendMemoryCopy` / `...MemoryFill`): plain system memory
+    /// of the process (`malloc`, `new[]`, the stack) is an operand where it is mapped with
+    /// the access needed; `sharedSystemAllocCapabilities` reports it.
+    LevelZero,
+    /// ACL streams (`aclrtMemcpyAsync`, `aclrtMemsetAsync`) and ACL's device-side holds: only
+    /// memory the runtime knows; plain system memory is `InvalidArgument` (ACL 107000).
+    Acl,
+}
+
+/// Checks one operand against live memory under `rule` (see the module docs); returns what it
+/// references (the USM allocation, the reservation, the IPC view, or system memory).
 pub(crate) fn check_operand(
-    backend: &dyn Backend,
+    d: &DriverShared,
     usm: &UsmState,
     vm: &VmState,
     views: &crate::semantics::ipc::Views<'_>,
     op: Operand,
+    rule: OperandRule,
 ) -> Result<InFlightRef> {
     let what = if op.write { "destination" } else { "source" };
     if op.ptr == 0 {
@@ -80,7 +94,12 @@ pub(crate) fn check_operand(
             ))),
         },
         Some(Err(why)) => Err(Error::InvalidArgument(format!("{what}: {why}"))),
-        None => system_operand(backend, op, what, end),
+        None if rule == OperandRule::LevelZero => system_operand(d, usm, vm, op, what, end),
+        None => Err(Error::InvalidArgument(format!(
+            "{what} {} is not inside a USM allocation, an import, an opened IPC view or a \
+             virtual-memory reservation (memory the runtime knows)",
+            Addr(op.ptr)
+        ))),
     }
 }
 
@@ -88,9 +107,12 @@ pub(crate) fn check_operand(
 /// `new[]`, the stack) is accepted where the process has it mapped with the access needed
 /// (the backend reads the process's mappings; nothing is touched), and is not held against
 /// frees. Both backends reach it: the host backend's engines are threads of this process, and
-/// CUDA copies pageable memory (`SYSTEM_MEMORY_IN_QUEUES`).
+/// the cuda backend stages pageable memory through pinned buffers (`SYSTEM_MEMORY_IN_QUEUES`).
+/// A range of which any byte is not mapped is `InvalidArgument`, found without touching it.
 fn system_operand(
-    backend: &dyn Backend,
+    d: &DriverShared,
+    usm: &UsmState,
+    vm: &VmState,
     op: Operand,
     what: &str,
     end: usize,
@@ -104,10 +126,30 @@ fn system_operand(
             Addr(end)
         )))
     };
+    // Memory of the driver is never system memory: a range that runs into it, or into an
+    // allocation freed while queued work still holds it (its pages are still mapped).
+    if let Some((b, e)) = usm.overlapping(op.ptr, end) {
+        return not(&format!(
+            "runs into the allocation [{}, {}) without lying inside it",
+            Addr(b),
+            Addr(e)
+        ));
+    }
+    if vm.reservation_overlaps(op.ptr, end) {
+        return not("runs into a virtual-memory reservation");
+    }
+    if let Some((b, e)) = d.inflight.pending_overlapping(op.ptr, end.max(op.ptr + 1)) {
+        return not(&format!(
+            "lies in the allocation [{}, {}), freed (its memory is held until queued work on it \
+             has run)",
+            Addr(b),
+            Addr(e)
+        ));
+    }
     if op.size == 0 {
         return Ok(InFlightRef::System);
     }
-    match backend.query_host_protection(op.ptr, op.size) {
+    match d.backend.query_host_protection(op.ptr, op.size) {
         None => not("is not mapped system memory of this process"),
         Some(Protection::None) => not("system memory of this process there is not readable"),
         Some(Protection::ReadOnly) if op.write => {
@@ -117,10 +159,15 @@ fn system_operand(
     }
 }
 
-/// Checks every operand under the driver's read locks and the IPC view table (usm, vm, views:
-/// the lock order); if `hold`, records the in-flight references before the locks are dropped,
-/// so no free, unmap or close can slip in between.
-pub(crate) fn check_all(d: &DriverShared, cmds: &[Cmd], hold: bool) -> Result<Vec<InFlightRef>> {
+/// Checks every operand under `rule`, under the driver's read locks and the IPC view table
+/// (usm, vm, views: the lock order); if `hold`, records the in-flight references before the
+/// locks are dropped, so no free, unmap or close can slip in between.
+pub(crate) fn check_all(
+    d: &DriverShared,
+    cmds: &[Cmd],
+    hold: bool,
+    rule: OperandRule,
+) -> Result<Vec<InFlightRef>> {
     let usm = d.usm.read();
     let vm = d.vm.read();
     let views = crate::semantics::ipc::views(d);
@@ -135,11 +182,13 @@ pub(crate) fn check_all(d: &DriverShared, cmds: &[Cmd], hold: bool) -> Result<Ve
     let mut ids = Vec::new();
     for c in cmds {
         for op in c.operands() {
-            ids.push(check_operand(d.backend.as_ref(), &usm, &vm, &views, op)?);
+            ids.push(check_operand(d, &usm, &vm, &views, op, rule)?);
         }
     }
     ids.sort_unstable();
     ids.dedup();
+    // System memory is the program's: nothing holds it.
+    ids.retain(|r| *r != InFlightRef::System);
     if hold {
         d.inflight.acquire(&ids);
     }
@@ -235,9 +284,10 @@ pub(crate) fn owning_device(d: &DriverShared, ptr: usize) -> Option<u32> {
     }
 }
 
-/// Checks `o` as a queue operand ([`check_operand`], under the reservation's gate so that no
-/// set-access slips in, see `crate::semantics::access`) and holds it in flight until the
-/// returned guard drops, so a free of its memory waits.
+/// Checks `o` as an ACL queue operand ([`check_operand`] under [`OperandRule::Acl`]: memory
+/// the runtime knows; under the reservation's gate so that no set-access slips in, see
+/// `crate::semantics::access`) and holds it in flight until the returned guard drops, so a
+/// free of its memory waits.
 ///
 /// Errors: those of [`check_operand`] (`InvalidArgument`, `InvalidNullPointer`).
 pub(crate) fn hold(d: &Arc<DriverShared>, o: Operand) -> Result<HeldOperand> {
@@ -246,7 +296,7 @@ pub(crate) fn hold(d: &Arc<DriverShared>, o: Operand) -> Result<HeldOperand> {
     let views = crate::semantics::ipc::views(d);
     let gates = vm.gates_for([o.ptr]);
     let _held: Vec<_> = gates.iter().map(|p| p.exclusive()).collect();
-    let r = check_operand(d.backend.as_ref(), &usm, &vm, &views, o)?;
+    let r = check_operand(d, &usm, &vm, &views, o, OperandRule::Acl)?;
     d.inflight.acquire(&[r]);
     Ok(HeldOperand {
         driver: d.clone(),

@@ -12,7 +12,9 @@ use crate::backend::{Engine, EngineOp, EngineSync};
 use crate::error::Result;
 use crate::semantics::driver::DriverShared;
 use crate::semantics::inflight::wait_until;
-use crate::semantics::queue::command::{check_all, engine_ops, hold, owning_device, Cmd};
+use crate::semantics::queue::command::{
+    check_all, engine_ops, hold, owning_device, Cmd, OperandRule,
+};
 use crate::semantics::queue::command::{HeldOperand, Operand};
 use crate::spec::SyncStatus;
 
@@ -46,9 +48,14 @@ impl Submitter {
         })
     }
 
-    /// Validates `cmds`, holds their references and submits them as one batch.
-    pub(crate) fn submit(&self, cmds: &[Cmd], fence: Option<Arc<dyn EngineSync>>) -> Result<()> {
-        let ids = check_all(&self.driver, cmds, true)?;
+    /// Validates `cmds` under `rule`, holds their references and submits them as one batch.
+    pub(crate) fn submit(
+        &self,
+        cmds: &[Cmd],
+        fence: Option<Arc<dyn EngineSync>>,
+        rule: OperandRule,
+    ) -> Result<()> {
+        let ids = check_all(&self.driver, cmds, true, rule)?;
         let mut ops = engine_ops(cmds);
         let driver = self.driver.clone();
         let progress = self.progress.clone();

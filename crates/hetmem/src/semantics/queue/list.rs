@@ -16,7 +16,7 @@ use crate::semantics::driver::{DeviceRef, DriverShared};
 use crate::semantics::queue::args::{
     check_pattern, check_same_context, CommandListDesc, CommandQueueDesc,
 };
-use crate::semantics::queue::command::{check_all, Cmd};
+use crate::semantics::queue::command::{check_all, Cmd, OperandRule};
 use crate::semantics::queue::engine::Submitter;
 use crate::semantics::queue::event::{EventCore, FenceCore};
 use crate::spec::SyncStatus;
@@ -62,6 +62,8 @@ pub(crate) struct ListCore {
     device: u32,
     context: u64,
     driver: Arc<DriverShared>,
+    /// Which spec's operand rule its appends follow (regular lists: Level Zero's).
+    rule: OperandRule,
 }
 
 impl ListCore {
@@ -82,11 +84,13 @@ impl ListCore {
             device,
             context,
             driver: d.clone(),
+            rule: OperandRule::LevelZero,
         })
     }
 
     /// `zeCommandListCreateImmediate` on `device` (checked to be of this driver), after
-    /// `desc`'s check: the list's own engine.
+    /// `desc`'s check: the list's own engine, its appends following `rule` (an ACL stream's
+    /// list: [`OperandRule::Acl`]).
     ///
     /// Errors: those of [`CommandQueueDesc::check`]; `InvalidNullHandle` for a device of
     /// another driver; `OutOfHostMemory` if the engine cannot be started.
@@ -95,6 +99,7 @@ impl ListCore {
         device: DeviceRef<'_>,
         context: u64,
         desc: Option<&CommandQueueDesc>,
+        rule: OperandRule,
     ) -> Result<ListCore> {
         desc.map(CommandQueueDesc::check).transpose()?;
         let device = d.device_ordinal(device)?;
@@ -103,6 +108,7 @@ impl ListCore {
             device,
             context,
             driver: d.clone(),
+            rule,
         })
     }
 
@@ -137,7 +143,7 @@ impl ListCore {
         self.check_events(signal, wait.clone())?;
         let cmds = with_events(core, signal, wait);
         match &self.kind {
-            ListKind::Immediate(sub) => sub.submit(&cmds, None),
+            ListKind::Immediate(sub) => sub.submit(&cmds, None, self.rule),
             ListKind::Regular(r) => {
                 let mut r = r.lock();
                 if r.closed {
@@ -145,7 +151,7 @@ impl ListCore {
                         "the command list is closed; reset it to append".into(),
                     ));
                 }
-                check_all(&self.driver, &cmds, false)?;
+                check_all(&self.driver, &cmds, false, self.rule)?;
                 r.cmds.extend(cmds);
                 Ok(())
             }
@@ -322,7 +328,9 @@ impl QueueCore {
                 }
             }
         }
-        self.sub.submit(&cmds, fence.map(|f| f.flag.clone()))
+        // Regular lists are Level Zero's alone (ACL streams use immediate lists).
+        self.sub
+            .submit(&cmds, fence.map(|f| f.flag.clone()), OperandRule::LevelZero)
     }
 
     /// `zeCommandQueueSynchronize`.

@@ -22,10 +22,13 @@
 //!   reservation whose access allows the operation (source readable: READONLY or READWRITE;
 //!   destination writable: READWRITE). An import recorded read-only cannot be a destination.
 //!   **Plain system memory** of the process (`malloc`, `new[]`, the stack: none of the
-//!   above) is accepted too, on both backends, where the process has it mapped readable
-//!   (source) / writable (destination) for the whole range ([`SYSTEM_MEMORY_IN_QUEUES`]; the
-//!   backend reads the process's mappings, nothing is touched); it is not held against frees
-//!   (the program owns it). Otherwise the append fails with `InvalidArgument` (null:
+//!   above) follows the spec of the call ([`OperandRule`]): Level Zero's copies and fills
+//!   accept it, on both backends, where the process has it mapped readable (source) /
+//!   writable (destination) for the whole range ([`SYSTEM_MEMORY_IN_QUEUES`]; the backend
+//!   reads the process's mappings, nothing is touched; a range with any byte unmapped is
+//!   `InvalidArgument`); it is not held against frees (the program owns it). ACL's stream
+//!   operations (`aclrtMemcpyAsync`, `aclrtMemsetAsync`) take only memory the runtime knows,
+//!   as CANN's do. Otherwise the append fails with `InvalidArgument` (null:
 //!   `InvalidNullPointer`) and nothing is appended. Lookups are driver-wide, as
 //!   `zeMemGetAllocProperties`'s are.
 //! - Operands are checked again when a regular list is executed (the memory may have been
@@ -103,11 +106,13 @@ pub use crate::semantics::queue::args::{
     CommandListDesc, CommandQueueDesc, QueueMode, QueuePriority, MAX_FILL_PATTERN_SIZE,
     QUEUES_PER_GROUP,
 };
+pub use crate::semantics::queue::command::OperandRule;
 pub(crate) use crate::semantics::queue::command::{check_operand, hold, owning_device, Operand};
 pub(crate) use crate::semantics::queue::engine::{device_sync_op, Submitter};
 pub use crate::spec::{FreePolicy, SyncStatus};
 
-/// Whether queued copies and fills take plain system memory of the process (`malloc`, the
-/// stack) as an operand: always, on both backends (see the module docs). Level Zero's
+/// Whether Level Zero's queued copies and fills ([`OperandRule::LevelZero`]) take plain system
+/// memory of the process (`malloc`, the stack) as an operand: always, on both backends (see the
+/// module docs). Level Zero's
 /// `sharedSystemAllocCapabilities` reports `ZE_MEMORY_ACCESS_CAP_FLAG_RW` from it.
 pub const SYSTEM_MEMORY_IN_QUEUES: bool = true;
