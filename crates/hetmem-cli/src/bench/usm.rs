@@ -9,8 +9,11 @@
 //!   bytes between the same two buffers on the calling thread. Both sides touch every page
 //!   first, so both measure copies, not page faults. Ratio: bandwidth / memcpy bandwidth
 //!   (target >= 0.8).
-//! - **queue copy malloc->device** at 64 MiB: the same closed list with a `malloc`'d source
-//!   (plain system memory, Level Zero case 1) against a USM host source. Target >= 0.9.
+//! - **queue copy malloc->device, device->malloc, fill malloc** at 64 MiB: the same closed
+//!   list with a `malloc`'d operand (plain system memory, Level Zero case 1) against the same
+//!   list with a USM host operand. Ratio: malloc bandwidth / USM bandwidth (JSON
+//!   `copy_malloc2d_64mib_ratio`, `copy_d2malloc_64mib_ratio`, `fill_malloc_64mib_ratio`;
+//!   target >= 0.9).
 //! - **queue fill** (1-byte pattern) at 64 MiB and 1 GiB against `memset` of the same bytes,
 //!   and a 16-byte pattern at 64 MiB against the same `memset` (what a pattern costs). Ratio as
 //!   for copies.
@@ -233,35 +236,7 @@ fn copies_and_fills(
             rows.push(bandwidth_row(op, k, size, h, b, "memcpy of the same bytes"));
         }
         if size == 64 * MIB {
-            // System memory as an operand (Level Zero case 1): the same queue copy from a
-            // `malloc`'d buffer against one from a USM host allocation (target >= 0.9x).
-            let sys = vec![3u8; size];
-            let sp = sys.as_ptr() as usize;
-            let list_from = |src: usize| -> Result<CommandList, String> {
-                let l = ctx.create_command_list(d0).map_err(e2s)?;
-                l.append_memory_copy(dev0, src, size, None, &[])
-                    .map_err(e2s)?;
-                l.close().map_err(e2s)?;
-                Ok(l)
-            };
-            let (lm, lu) = (list_from(sp)?, list_from(host)?);
-            let (h, b) = alternate(
-                args.rounds,
-                || run_list(&q, &lm, size, reps),
-                || run_list(&q, &lu, size, reps),
-            )?;
-            rows.push(Row {
-                target: Some(">= 0.9x"),
-                ..bandwidth_row(
-                    "copy malloc->device",
-                    "copy_sys2d",
-                    size,
-                    h,
-                    b,
-                    "the same queue copy from a USM host allocation",
-                )
-            });
-            black_box(&sys);
+            rows.extend(malloc_rows(ctx, d0, &q, args, host, dev0, size, reps)?);
         }
         let fills: &[(&'static str, &str, usize)] = if size == GIB {
             &[("fill 1-byte pattern", "fill", 1)]
@@ -296,6 +271,65 @@ fn copies_and_fills(
     for p in [host, dev0, dev1] {
         ctx.free_memory(p).map_err(e2s)?;
     }
+    Ok(rows)
+}
+
+/// The malloc-operand rows (see the module docs): each closed list with a `malloc`'d operand
+/// against the same list with the USM host allocation `host`, on the same queue.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn malloc_rows(
+    ctx: &Context,
+    d0: &Device,
+    q: &CommandQueue,
+    args: &Args,
+    host: usize,
+    dev: usize,
+    size: usize,
+    reps: usize,
+) -> Result<Vec<Row>, String> {
+    // Touched on allocation (a non-zero value is written), as the USM side was.
+    let sys = vec![3u8; size];
+    let sp = sys.as_ptr() as usize;
+    let list = |f: &dyn Fn(&CommandList) -> hetmem::Result<()>| -> Result<CommandList, String> {
+        let l = ctx.create_command_list(d0).map_err(e2s)?;
+        f(&l).map_err(e2s)?;
+        l.close().map_err(e2s)?;
+        Ok(l)
+    };
+    let pattern = [0x5au8];
+    let cases: [(&'static str, &str, CommandList, CommandList); 3] = [
+        (
+            "copy malloc->device",
+            "copy_malloc2d",
+            list(&|l| l.append_memory_copy(dev, sp, size, None, &[]))?,
+            list(&|l| l.append_memory_copy(dev, host, size, None, &[]))?,
+        ),
+        (
+            "copy device->malloc",
+            "copy_d2malloc",
+            list(&|l| l.append_memory_copy(sp, dev, size, None, &[]))?,
+            list(&|l| l.append_memory_copy(host, dev, size, None, &[]))?,
+        ),
+        (
+            "fill malloc 1-byte pattern",
+            "fill_malloc",
+            list(&|l| l.append_memory_fill(sp, &pattern, size, None, &[]))?,
+            list(&|l| l.append_memory_fill(host, &pattern, size, None, &[]))?,
+        ),
+    ];
+    let mut rows = Vec::new();
+    for (op, k, lm, lu) in &cases {
+        let (h, b) = alternate(
+            args.rounds,
+            || run_list(q, lm, size, reps),
+            || run_list(q, lu, size, reps),
+        )?;
+        rows.push(Row {
+            target: Some(">= 0.9x"),
+            ..bandwidth_row(op, k, size, h, b, "the same list with a USM host operand")
+        });
+    }
+    black_box(&sys);
     Ok(rows)
 }
 

@@ -355,9 +355,33 @@ unsafe fn fill_pageable(
         )
     };
     // SAFETY: forwarded contract.
-    let dst = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, size) };
-    for (i, b) in dst.iter_mut().enumerate() {
-        *b = pattern[i % pattern.len()];
+    unsafe { host_fill(ptr, pattern, size) };
+}
+
+/// Writes `pattern` repeated over `size` bytes at `ptr` on the host: `memset` for a uniform
+/// pattern, else the first pattern and then the filled prefix doubled (byte `i` gets
+/// `pattern[i % pattern.len()]`).
+///
+/// # Safety
+/// The range is live, writable memory of this process.
+pub(crate) unsafe fn host_fill(ptr: usize, pattern: &[u8], size: usize) {
+    let p = ptr as *mut u8;
+    if pattern.iter().all(|&b| b == pattern[0]) {
+        // SAFETY: forwarded contract.
+        unsafe { std::ptr::write_bytes(p, pattern[0], size) };
+        return;
+    }
+    let first = pattern.len().min(size);
+    // SAFETY: forwarded contract; every copy below stays inside the range and copies the
+    // filled prefix [0, done) into [done, done + k), which it does not overlap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(pattern.as_ptr(), p, first);
+        let mut done = first;
+        while done < size {
+            let k = done.min(size - done);
+            std::ptr::copy_nonoverlapping(p, p.add(done), k);
+            done += k;
+        }
     }
 }
 
@@ -431,5 +455,32 @@ impl Engine for CudaEngine {
 
     fn take_error(&self) -> Option<HalError> {
         self.1.lock().take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The host fill of pageable memory repeats the pattern from the first byte, for uniform
+    /// and non-uniform patterns, sizes below, at and past a multiple of the pattern; the
+    /// bytes after the range stay.
+    #[test]
+    fn host_fill_repeats_the_pattern_over_the_range_only() {
+        for pattern in [
+            &[7u8][..],
+            &[1, 2],
+            &[1, 2, 3, 4],
+            &[9; 16],
+            &(0..64).collect::<Vec<u8>>(),
+        ] {
+            for size in [0usize, 1, 3, 16, 63, 64, 65, 1000, 4099] {
+                let mut buf = vec![0xeeu8; size + 8];
+                // SAFETY: `size` writable bytes of our own buffer.
+                unsafe { super::host_fill(buf.as_mut_ptr() as usize, pattern, size) };
+                for (i, &b) in buf[..size].iter().enumerate() {
+                    assert_eq!(b, pattern[i % pattern.len()], "byte {i} of {size}");
+                }
+                assert!(buf[size..].iter().all(|&b| b == 0xee));
+            }
+        }
     }
 }
