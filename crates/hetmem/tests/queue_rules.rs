@@ -367,7 +367,7 @@ fn system_memory_is_an_operand_of_copies_and_fills() {
     let acl = ctx
         .create_immediate_command_list_for(&d0, hetmem::queue::OperandRule::Acl)
         .unwrap();
-    let heap = vec![0u8; 64];
+    let heap = Box::new([0u8; 64]);
     for (what, r) in [
         (
             "ACL: a malloc source",
