@@ -121,6 +121,7 @@ pub fn run(args: Args) -> Result<(), String> {
         );
     }
     managed_info(&rt, &ctx);
+    queue_memory_info(&rt, &ctx);
     println!("limits:");
     let facts = hetmem::platform::facts();
     println!("  host RAM: {}", human(facts.total_ram));
@@ -138,6 +139,55 @@ pub fn run(args: Args) -> Result<(), String> {
             .map_or("unknown".into(), |v| v.to_string())
     );
     Ok(())
+}
+
+/// Plain system memory as a queue operand (Level Zero case 1) and host physical memory (case
+/// 10): whether they work here (one host physical page is made, mapped and released).
+fn queue_memory_info(rt: &hetmem::Runtime, ctx: &hetmem::Context) {
+    let cuda = rt.driver().backend_kind() == hetmem::BackendKind::Cuda;
+    println!(
+        "system memory in queues: {} (Level Zero copies and fills take malloc'd / stack memory{})",
+        if hetmem::queue::SYSTEM_MEMORY_IN_QUEUES {
+            "yes"
+        } else {
+            "no"
+        },
+        if cuda {
+            "; copies from 1 MiB staged through pinned buffers, fills written by the host"
+        } else {
+            ""
+        }
+    );
+    let Some(dev) = rt.driver().device(0) else {
+        return;
+    };
+    let probe = || -> hetmem::Result<usize> {
+        let page = ctx.query_page_size(&dev, 1)?;
+        let p =
+            ctx.create_physical_memory(None, hetmem::PhysicalMemoryFlags::AllocateOnHost, page)?;
+        let r = ctx.reserve(None, page);
+        let mapped = r.as_ref().map_err(Clone::clone).and_then(|r| {
+            ctx.map(r.base, page, p, 0, hetmem::AccessAttribute::ReadWrite)?;
+            ctx.unmap(r.base, page)
+        });
+        if let Ok(r) = r {
+            let _ = ctx.free_reservation(r);
+        }
+        let _ = ctx.destroy_physical_memory(p);
+        mapped.map(|()| page)
+    };
+    match probe() {
+        Ok(page) => println!(
+            "host physical memory: available ({} pages{})",
+            human(page as u64),
+            if cuda {
+                "; cuMemCreate at CU_MEM_LOCATION_TYPE_HOST_NUMA, the calling thread's node"
+            } else {
+                ""
+            }
+        ),
+        Err(e) => println!("host physical memory: unavailable ({e})"),
+    }
 }
 
 /// Managed memory: whether it works here (a 2 MiB allocation is made and freed) and the

@@ -613,6 +613,13 @@ fn case_1_system_memory_in_queue_operations() {
     loader_suite("cases_sysmem");
 }
 
+/// Case 10 of `shared/cases/level-zero.md`: host physical memory (a null device) at every page
+/// size the query answers, mapped, filled and copied through on a queue.
+#[test]
+fn case_10_host_physical_memory_mapped_filled_and_copied() {
+    loader_suite("cases_hostphys");
+}
+
 #[test]
 fn queues_lists_events_fences_and_free_policies() {
     loader_suite("queue");

@@ -213,6 +213,67 @@ impl Engines {
     }
 }
 
+/// `PROT_NONE` mappings over the pages of operands that lie in no live allocation (freed ones,
+/// or the never-mapped 0x1000), for one step: plain system memory is an operand of Level Zero
+/// copies and fills where it is mapped with the access needed, so a freed range the process
+/// has since mapped again (its own heap) would be accepted, and written. Under a guard the
+/// range is mapped with no access, so the model's answer (`InvalidArgument`) is certain.
+struct Guards(Vec<(usize, usize)>);
+
+impl Guards {
+    /// Guards the pages of `[a, a + max(len, 1))` for each `a`; `None` where one of them is
+    /// mapped (a deferred free still holding it, or memory of the process): the step is skipped
+    /// then. Pages below the lowest address a mapping may take (0x1000) need no guard.
+    fn over(addrs: &[usize], len: usize) -> Option<Guards> {
+        let mut g = Guards(Vec::new());
+        let mut ranges: Vec<(usize, usize)> = addrs
+            .iter()
+            .map(|&a| (a & !4095, (a + len.max(1)).next_multiple_of(4096)))
+            .collect();
+        ranges.sort_unstable();
+        let mut merged: Vec<(usize, usize)> = Vec::new();
+        for (s, e) in ranges {
+            match merged.last_mut() {
+                Some(l) if s <= l.1 => l.1 = l.1.max(e),
+                _ => merged.push((s, e)),
+            }
+        }
+        for (s, e) in merged {
+            // SAFETY: MAP_FIXED_NOREPLACE never replaces a mapping; it fails if any is there.
+            let p = unsafe {
+                libc::mmap(
+                    s as *mut _,
+                    e - s,
+                    libc::PROT_NONE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                if std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM) {
+                    continue; // below mmap_min_addr: never mapped
+                }
+                return None;
+            }
+            g.0.push((s, e - s));
+            if p as usize != s {
+                return None; // an old kernel took it as a hint
+            }
+        }
+        Some(g)
+    }
+}
+
+impl Drop for Guards {
+    fn drop(&mut self) {
+        for &(a, n) in &self.0 {
+            // SAFETY: our own guard mappings.
+            unsafe { libc::munmap(a as *mut _, n) };
+        }
+    }
+}
+
 fn code<T: std::fmt::Debug>(r: hetmem::Result<T>) -> u32 {
     r.expect_err("expected an error").ze_result()
 }
@@ -453,6 +514,14 @@ fn run(ops: Vec<Op>) {
                     len
                 };
                 let (md, ms) = (m.contains(d, len), m.contains(s, len));
+                let outside: Vec<usize> = [(d, md.is_none()), (s, ms.is_none())]
+                    .iter()
+                    .filter(|o| o.1)
+                    .map(|o| o.0)
+                    .collect();
+                let Some(_guards) = Guards::over(&outside, len) else {
+                    continue;
+                };
                 let got = eng.submit(&ctx, via, |l, ev, w| {
                     l.append_memory_copy(d, s, len, Some(ev), w)
                 });
@@ -479,12 +548,17 @@ fn run(ops: Vec<Op>) {
                 let pat: Vec<u8> = (0..pattern)
                     .map(|k| seed.wrapping_add(k as u8).wrapping_mul(31))
                     .collect();
+                let contained = m.contains(d, len);
+                let outside: Vec<usize> = contained.is_none().then_some(d).into_iter().collect();
+                let Some(_guards) = Guards::over(&outside, len) else {
+                    continue;
+                };
                 let got = eng.submit(&ctx, via, |l, ev, w| {
                     l.append_memory_fill(d, &pat, len, Some(ev), w)
                 });
                 if !(pattern.is_power_of_two() && pattern <= 128) {
                     assert_eq!(code(got), INVALID_SIZE, "step {i}");
-                } else if let Some((db, off)) = m.contains(d, len) {
+                } else if let Some((db, off)) = contained {
                     got.unwrap_or_else(|e| panic!("step {i}: {e}"));
                     let bytes = &mut m.live.get_mut(&db).unwrap().bytes[off..off + len];
                     for (k, b) in bytes.iter_mut().enumerate() {

@@ -11,7 +11,9 @@
 //! chunk, back to the pool or destroyed, against `cuMemUnmap + cuMemRelease` per 2 MiB). Their
 //! `*_speedup` JSON fields are baseline / hetmem. The managed row prefetches 1 GiB of managed
 //! memory from the host to the GPU against a `cuMemcpyHtoD` of the same bytes from pinned
-//! memory.
+//! memory. The malloc rows (`copy_malloc2d_64mib`, `copy_d2malloc_64mib`, `fill_malloc_64mib`,
+//! each with its `_ratio`) are those of `hetmem bench usm`: a queue's copy or fill with a
+//! `malloc`'d operand against the same with pinned USM host memory (target >= 0.9x).
 
 use std::time::Instant;
 
@@ -400,6 +402,21 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
     }
     ctx.free_memory(src).map_err(e2s)?;
     ctx.free_memory(dst).map_err(e2s)?;
+
+    // Plain system memory as an operand (Level Zero case 1): the `bench usm` malloc rows at
+    // 64 MiB, the USM side pinned host memory (`cuMemHostAlloc`).
+    let size = 64usize << 20;
+    let host = ctx.alloc_host(&AllocDesc::new(size)).map_err(e2s)?;
+    let devp = ctx.alloc_device(&dev, &AllocDesc::new(size)).map_err(e2s)?;
+    // SAFETY: a live host allocation of `size` bytes, touched as the malloc side is.
+    unsafe { std::ptr::write_bytes(host as *mut u8, 3, size) };
+    let q = ctx.create_command_queue(&dev).map_err(e2s)?;
+    rows.extend(super::usm::malloc_rows(
+        &ctx, &dev, &q, args, host, devp, size, 16,
+    )?);
+    drop(q);
+    ctx.free_memory(host).map_err(e2s)?;
+    ctx.free_memory(devp).map_err(e2s)?;
     Ok(rows)
 }
 

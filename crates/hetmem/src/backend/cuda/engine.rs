@@ -4,7 +4,8 @@
 //!
 //! | operation | driver call |
 //! |---|---|
-//! | `Copy` | `cuMemcpyAsync` (overlapping ranges: through a staging buffer from `cuMemAlloc`, after `cuStreamSynchronize`) |
+//! | `Copy` | `cuMemcpyAsync` (overlapping ranges: through a staging buffer from `cuMemAlloc`, after `cuStreamSynchronize`; from 1 MiB with a pageable side: through pinned staging buffers, see [`super::staging`]) |
+//! | `Fill` of pageable memory | the host writes the pattern after `cuStreamSynchronize` |
 //! | `Fill`, 1-, 2- and 4-byte patterns | `cuMemsetD8Async` / `cuMemsetD16Async` / `cuMemsetD32Async` |
 //! | `Fill`, longer patterns | the pattern copied in once (`cuMemcpyAsync` from the host), then doubled in place by device-to-device `cuMemcpyAsync` |
 //! | `Wait` | the dispatch thread waits for the object before it queues what follows |
@@ -26,6 +27,7 @@ use std::sync::Arc;
 use cudarc::driver::sys;
 
 use super::driver::{self, CUcontext};
+use super::staging::{HostPool, Staging, STAGE_MIN};
 use crate::backend::dispatch::{Closing, Dispatcher};
 use crate::backend::{Engine, EngineOp, HalError, Result};
 
@@ -185,6 +187,8 @@ fn run(
     // hand-over (else no new event is needed).
     let mut pending: Vec<Box<dyn FnOnce() + Send>> = Vec::new();
     let mut device_work = false;
+    // Pinned buffers for copies with a pageable side, made on the first one.
+    let mut staging: Option<Option<Staging>> = None;
     let flush = |pending: &mut Vec<Box<dyn FnOnce() + Send>>, device_work: &mut bool| {
         if pending.is_empty() {
             return;
@@ -220,7 +224,7 @@ fn run(
                     if !abandoned && size > 0 {
                         // SAFETY: the submitter guarantees both ranges are live and reachable
                         // until the copy has run.
-                        unsafe { copy(fault, stream, dst, src, size) };
+                        unsafe { copy(fault, stream, &mut staging, dst, src, size) };
                         device_work = true;
                     }
                 }
@@ -229,7 +233,8 @@ fn run(
                         // SAFETY: as for Copy.
                         unsafe {
                             if pageable(ptr) {
-                                fill_pageable(fault, stream, ptr, &pattern, size)
+                                let pool = staging_of(&mut staging).map(|s| &s.pool);
+                                fill_pageable(fault, stream, pool, ptr, &pattern, size)
                             } else {
                                 fill(fault, stream, ptr, &pattern, size)
                             }
@@ -262,16 +267,60 @@ fn run(
             "cuStreamSynchronize",
             sys::cuStreamSynchronize(stream),
         );
+        // No DMA uses the staging buffers any more.
+        drop(staging);
         report(fault, "cuStreamDestroy", sys::cuStreamDestroy_v2(stream));
     }
 }
 
-/// Copies `size` bytes from `src` to `dst` on `stream` (memmove semantics).
+/// The engine's staging buffers, made on first use (`None` if the driver refused them).
+fn staging_of(s: &mut Option<Option<Staging>>) -> Option<&mut Staging> {
+    s.get_or_insert_with(Staging::new).as_mut()
+}
+
+/// Copies `size` bytes from `src` to `dst` on `stream` (memmove semantics). From
+/// [`STAGE_MIN`] bytes, a pageable side goes through the engine's pinned staging buffers
+/// ([`crate::backend::cuda::staging`]), and two pageable sides are copied by the host after
+/// the stream has drained.
 ///
 /// # Safety
 /// Both ranges are live memory the device can reach (or pageable host memory).
-unsafe fn copy(fault: &Fault, stream: sys::CUstream, dst: usize, src: usize, size: usize) {
+unsafe fn copy(
+    fault: &Fault,
+    stream: sys::CUstream,
+    staging: &mut Option<Option<Staging>>,
+    dst: usize,
+    src: usize,
+    size: usize,
+) {
     let overlap = dst < src + size && src < dst + size && dst != src;
+    if size >= STAGE_MIN {
+        let (pd, ps) = (pageable(dst), pageable(src));
+        if pd && ps {
+            // SAFETY: the stream is ours; both ranges are the process's (forwarded contract).
+            unsafe {
+                report(
+                    fault,
+                    "cuStreamSynchronize",
+                    sys::cuStreamSynchronize(stream),
+                );
+                match staging_of(staging) {
+                    Some(s) if !overlap => s.pool.copy(dst, src, size),
+                    _ => std::ptr::copy(src as *const u8, dst as *mut u8, size),
+                }
+            }
+            return;
+        }
+        if pd || ps {
+            if let Some(s) = staging_of(staging) {
+                let rep = |what: &str, r| report(fault, what, r);
+                // SAFETY: forwarded contract; a pageable range and one the device reaches
+                // never overlap.
+                unsafe { s.copy(stream, &rep, ps, dst, src, size) };
+                return;
+            }
+        }
+    }
     if !overlap {
         // SAFETY: forwarded contract.
         report(fault, "cuMemcpyAsync", unsafe {
@@ -334,14 +383,16 @@ fn pageable(ptr: usize) -> bool {
 }
 
 /// A fill of pageable memory, which `cuMemsetD*Async` cannot take: in stream order, the
-/// stream is synchronized and the host writes the pattern (staging through device memory would
-/// cost a copy of the same size over the bus).
+/// stream is synchronized and the host writes the pattern, from [`STAGE_MIN`] bytes with the
+/// staging pool's threads (staging through device memory would cost a copy of the same size
+/// over the bus).
 ///
 /// # Safety
 /// The range is live, writable memory of this process.
 unsafe fn fill_pageable(
     fault: &Fault,
     stream: sys::CUstream,
+    pool: Option<&HostPool>,
     ptr: usize,
     pattern: &[u8],
     size: usize,
@@ -355,7 +406,12 @@ unsafe fn fill_pageable(
         )
     };
     // SAFETY: forwarded contract.
-    unsafe { host_fill(ptr, pattern, size) };
+    unsafe {
+        match pool {
+            Some(p) if size >= STAGE_MIN => p.fill(ptr, pattern, size),
+            _ => host_fill(ptr, pattern, size),
+        }
+    }
 }
 
 /// Writes `pattern` repeated over `size` bytes at `ptr` on the host: `memset` for a uniform

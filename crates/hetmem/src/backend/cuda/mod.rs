@@ -58,6 +58,7 @@
 mod driver;
 mod engine;
 mod managed;
+mod staging;
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, BorrowedFd};

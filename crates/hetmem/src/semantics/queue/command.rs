@@ -146,10 +146,8 @@ fn system_operand(
             Addr(e)
         ));
     }
-    if op.size == 0 {
-        return Ok(InFlightRef::System);
-    }
-    match d.backend.query_host_protection(op.ptr, op.size) {
+    // A size of 0 still checks its pointer: the byte it names.
+    match d.backend.query_host_protection(op.ptr, op.size.max(1)) {
         None => not("is not mapped system memory of this process"),
         Some(Protection::None) => not("system memory of this process there is not readable"),
         Some(Protection::ReadOnly) if op.write => {
