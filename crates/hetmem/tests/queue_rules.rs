@@ -408,8 +408,29 @@ fn bad_pointers_and_sizes_are_rejected_at_append_and_nothing_is_appended() {
     let n = 64 * KIB;
     let a = ctx.alloc_device(&d0, &AllocDesc::new(n)).unwrap();
     let b = ctx.alloc_host(&AllocDesc::new(n)).unwrap();
-    let freed = ctx.alloc_host(&AllocDesc::new(n)).unwrap();
-    ctx.free_memory(freed).unwrap();
+    // A freed allocation, its range kept mapped PROT_NONE so that no mapping of another test
+    // thread lands there (plain system memory that is mapped is an operand: case 1).
+    let guard = |p: usize| {
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces a mapping.
+        let m = unsafe {
+            libc::mmap(
+                p as *mut _,
+                n,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        m as usize == p
+    };
+    let freed = (0..20)
+        .find_map(|_| {
+            let p = ctx.alloc_host(&AllocDesc::new(n)).unwrap();
+            ctx.free_memory(p).unwrap();
+            guard(p).then_some(p)
+        })
+        .expect("a freed range stays unmapped long enough to guard it");
     // Memory of no kind: a page that is never mapped (Linux keeps the first 64 KiB unmapped);
     // plain system memory is an operand (system_memory_is_an_operand_of_copies_and_fills).
     let unknown = 4096usize;
@@ -475,6 +496,8 @@ fn bad_pointers_and_sizes_are_rejected_at_append_and_nothing_is_appended() {
     let ok = ctx.create_command_list(&d0).unwrap();
     ok.append_memory_copy(a + 100, b + 200, n - 200, None, &[])
         .unwrap();
+    // SAFETY: the guard mapped above.
+    unsafe { libc::munmap(freed as *mut _, n) };
 }
 
 #[repr(C, align(4096))]
@@ -570,8 +593,25 @@ fn memory_freed_between_append_and_execute_is_rejected_at_execute() {
         l.append_memory_copy(a, b, 64 * KIB, None, &[]).unwrap()
     });
     ctx.free_memory(b).unwrap();
+    // Keep the freed range from being mapped again by another test thread (mapped system
+    // memory is an operand, case 1): a PROT_NONE guard, or the check is moot.
+    // SAFETY: MAP_FIXED_NOREPLACE never replaces a mapping.
+    let g = unsafe {
+        libc::mmap(
+            b as *mut _,
+            64 * KIB,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
     let q = ctx.create_command_queue(&d0).unwrap();
-    assert_eq!(code(q.execute_command_lists(&[&l], None)), INVALID_ARGUMENT);
+    if g as usize == b {
+        assert_eq!(code(q.execute_command_lists(&[&l], None)), INVALID_ARGUMENT);
+        // SAFETY: our guard.
+        unsafe { libc::munmap(b as *mut _, 64 * KIB) };
+    }
     assert_eq!(q.synchronize(0).unwrap(), SyncStatus::Ready);
 }
 
