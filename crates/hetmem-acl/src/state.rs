@@ -259,11 +259,13 @@ impl Global {
     ///
     /// Errors: `InvalidArgument` (107000) naming the id and the device count.
     pub fn device(&self, id: i64) -> Res<hetmem::Device> {
-        let n = self.rt.driver().devices().len();
+        let driver = self.rt.driver();
         u32::try_from(id)
             .ok()
-            .and_then(|i| self.rt.driver().device(i))
+            .and_then(|i| driver.device(i))
             .ok_or_else(|| {
+                // Counted only here: the success path (every VMM call) clones nothing.
+                let n = driver.device_list().len();
                 hetmem::Error::InvalidArgument(format!(
                     "device id {id} is not a device (this runtime has {n}: 0..={})",
                     n as i64 - 1
