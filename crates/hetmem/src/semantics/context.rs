@@ -17,10 +17,15 @@ pub(crate) fn create() -> u64 {
 pub(crate) fn teardown(d: &DriverShared, id: u64) {
     d.managed.release_context(id);
     // Taken out under the write lock, so no new submission can reference it from here on.
-    let taken = d.usm.write().take_context(id);
+    let taken = {
+        let mut usm = d.usm.write();
+        let taken = usm.take_context(id);
+        taken.iter().for_each(|p| d.inflight.retiring(p));
+        taken
+    };
     for p in taken {
         if let Some(p) = d.inflight.defer_or_return(p) {
-            p.finish(d.backend.as_ref());
+            d.inflight.finish(p, d.backend.as_ref());
         }
     }
     vm_write_unreferenced(d, |vm| vm.reservations_of(id)).release_context(d.backend.as_ref(), id);

@@ -46,6 +46,12 @@ pub(crate) struct InFlight {
 pub(crate) struct InFlightState {
     pub(crate) counts: HashMap<InFlightRef, usize>,
     pub(crate) pending: HashMap<u64, PendingFree>,
+    /// Every USM allocation taken out of the table whose memory is not released yet, by id:
+    /// its `[base, end)`. Entered under the usm write lock that takes the record out
+    /// ([`InFlight::retiring`]) and left once the memory is gone ([`InFlight::finish`]), so a
+    /// submission checking under the usm read lock never takes that memory, about to be
+    /// unmapped, for plain system memory of the program (`queue::command`).
+    pub(crate) retiring: HashMap<u64, (usize, usize)>,
 }
 
 impl InFlight {
@@ -122,14 +128,30 @@ impl InFlight {
         }
     }
 
-    /// The freed allocation whose memory is still held for queued work (a pending free) that
-    /// overlaps `[start, end)`, as `(base, end)`. Takes the state lock: callers holding the
-    /// usm / vm read locks may call it (the lock order of `crate::semantics::driver`).
-    pub(crate) fn pending_overlapping(&self, start: usize, end: usize) -> Option<(usize, usize)> {
+    /// Records `p` (just taken out of the USM table, the usm write lock still held) as
+    /// retiring until [`InFlight::finish`] releases its memory.
+    pub(crate) fn retiring(&self, p: &PendingFree) {
+        self.state
+            .lock()
+            .retiring
+            .insert(p.id(), (p.ptr, p.ptr + p.rec.extent()));
+    }
+
+    /// Releases `p`'s memory ([`PendingFree::finish`]), then ends its retiring record.
+    pub(crate) fn finish(&self, p: PendingFree, backend: &dyn crate::backend::Backend) {
+        let id = p.id();
+        p.finish(backend);
+        self.state.lock().retiring.remove(&id);
+    }
+
+    /// The freed allocation whose memory is not released yet (held for queued work, or on its
+    /// way out) that overlaps `[start, end)`, as `(base, end)`. Takes the state lock: callers
+    /// holding the usm / vm read locks may call it (the lock order of `crate::semantics::driver`).
+    pub(crate) fn retiring_overlapping(&self, start: usize, end: usize) -> Option<(usize, usize)> {
         let st = self.state.lock();
-        st.pending
+        st.retiring
             .values()
-            .map(|p| (p.ptr, p.ptr + p.rec.extent()))
+            .copied()
             .find(|&(b, e)| b < end && start < e)
     }
 

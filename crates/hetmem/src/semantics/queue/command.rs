@@ -138,10 +138,10 @@ fn system_operand(
     if vm.reservation_overlaps(op.ptr, end) {
         return not("runs into a virtual-memory reservation");
     }
-    if let Some((b, e)) = d.inflight.pending_overlapping(op.ptr, end.max(op.ptr + 1)) {
+    if let Some((b, e)) = d.inflight.retiring_overlapping(op.ptr, end.max(op.ptr + 1)) {
         return not(&format!(
             "lies in the allocation [{}, {}), freed (its memory is held until queued work on it \
-             has run)",
+             has run, or is being released)",
             Addr(b),
             Addr(e)
         ));
@@ -312,7 +312,7 @@ pub(crate) struct HeldOperand {
 impl Drop for HeldOperand {
     fn drop(&mut self) {
         for p in self.driver.inflight.release(&[self.r]) {
-            p.finish(self.driver.backend.as_ref());
+            self.driver.inflight.finish(p, self.driver.backend.as_ref());
         }
     }
 }

@@ -61,7 +61,7 @@ impl Submitter {
         let progress = self.progress.clone();
         ops.push(EngineOp::Host(Box::new(move || {
             for p in driver.inflight.release(&ids) {
-                p.finish(driver.backend.as_ref());
+                driver.inflight.finish(p, driver.backend.as_ref());
             }
             if let Some(f) = fence {
                 f.signal();

@@ -110,18 +110,24 @@ pub(crate) fn import_system_memory(
 /// check and take references under the read lock); the memory goes as the policy says
 /// ([`crate::semantics::inflight`]).
 pub(crate) fn free(d: &DriverShared, context: u64, ptr: usize, policy: FreePolicy) -> Result<()> {
-    let mut p = d.usm.write().take_for_free(context, ptr)?;
+    let mut p = {
+        let mut usm = d.usm.write();
+        let p = usm.take_for_free(context, ptr)?;
+        // Until its memory is gone, no submission takes it for plain system memory.
+        d.inflight.retiring(&p);
+        p
+    };
     match policy {
         FreePolicy::Blocking => {
             d.inflight.wait_unreferenced(p.id());
-            p.finish(d.backend.as_ref());
+            d.inflight.finish(p, d.backend.as_ref());
         }
         FreePolicy::Immediate | FreePolicy::Defer => {
             if policy == FreePolicy::Immediate {
                 p.give_back_capacity();
             }
             if let Some(p) = d.inflight.defer_or_return(p) {
-                p.finish(d.backend.as_ref());
+                d.inflight.finish(p, d.backend.as_ref());
             }
         }
     }
