@@ -7,8 +7,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dlfcn.h>
 
 static int failures = 0, passes = 0;
+/* The driver setup() found: a failed check prints its last error description through the
+ * loader's zeDriverGetLastErrorDescription where the loader has one (1.32; Debian's 1.8 does not). */
+static ze_driver_handle_t last_error_drv;
+static void print_last_error(void) {
+    typedef ze_result_t (*fn_t)(ze_driver_handle_t, const char **);
+    static fn_t fn;
+    static int looked;
+    if (!looked) {
+        looked = 1;
+        fn = (fn_t)dlsym(RTLD_DEFAULT, "zeDriverGetLastErrorDescription");
+    }
+    const char *s = NULL;
+    if (fn && last_error_drv && fn(last_error_drv, &s) == ZE_RESULT_SUCCESS && s && *s)
+        fprintf(stderr, "  last error description: %s\n", s);
+}
 
 #define CHECK(call, expect)                                                                    \
     do {                                                                                       \
@@ -16,6 +32,7 @@ static int failures = 0, passes = 0;
         if (r_ != (ze_result_t)(expect)) {                                                     \
             fprintf(stderr, "FAIL %s:%d: %s = 0x%x, expected %s (0x%x)\n", __FILE__, __LINE__, \
                     #call, (unsigned)r_, #expect, (unsigned)(expect));                         \
+            print_last_error();                                                                \
             failures++;                                                                        \
         } else {                                                                               \
             passes++;                                                                          \
@@ -67,6 +84,7 @@ static env_t setup(void) {
     MUST(zeInit(0));
     uint32_t n = 1;
     MUST(zeDriverGet(&n, &e.drv));
+    last_error_drv = e.drv;
     e.ndev = 4;
     MUST(zeDeviceGet(e.drv, &e.ndev, e.dev));
     ze_context_desc_t cd = {ZE_STRUCTURE_TYPE_CONTEXT_DESC, NULL, 0};
