@@ -14,16 +14,19 @@ Rows (``--only`` picks some):
   forward  a forward pass of a small model (layers built in code, random weights) under
            hetmem's allocator (hetmem.torch.region) against the default allocator.
   share    1 GiB in 512 tensors sent to a second process: one IPC range handle
-           (hetmem.torch.share) against 512 per-tensor CUDA IPC handles (torch.multiprocessing
-           with PYTORCH_NO_CUDA_MEMORY_CACHING=1, so each tensor is its own cudaMalloc and
-           cudaIpcGetMemHandle), and torch.multiprocessing with its caching allocator; end to
-           end, from the export to the receiver holding every tensor.
+           (hetmem.torch.share) against 512 per-tensor CUDA IPC handles (each tensor its own
+           cuMemAlloc, one cuIpcGetMemHandle each, 512 cuIpcOpenMemHandle in the receiver, the
+           tensors made over the opened pointers; torch cannot share tensors made with
+           PYTORCH_NO_CUDA_MEMORY_CACHING=1: "_share_cuda_: invalid device pointer"), and
+           torch.multiprocessing with its caching allocator (one handle per 20 MiB segment);
+           end to end, from the export to the receiver holding every tensor.
 
 Writes one JSON document (``--json FILE``, and stdout): every figure, each row's ratio against
 its baseline and the target the issue sets. A row that cannot run records its error.
 """
 
 import argparse
+import ctypes
 import faulthandler
 import gc
 import json
@@ -147,6 +150,55 @@ def child_growth_torch(steps, reps, warm=False):
     return {"per_2mib_us": statistics.mean(times) * 1e6, "reps_us": [t * 1e6 for t in times], "warm": warm}
 
 
+class CudaIpc:
+    """The legacy CUDA IPC calls of the per-tensor baseline, straight from libcuda (ctypes):
+    cuMemAlloc / cuMemsetD8 / cuMemFree, cuIpcGetMemHandle (64 bytes, picklable as bytes),
+    cuIpcOpenMemHandle / cuIpcCloseMemHandle. They run in the calling thread's current context
+    (torch's primary context once torch has made a tensor there)."""
+
+    class Handle(ctypes.Structure):
+        _fields_ = [("reserved", ctypes.c_char * 64)]
+
+    def __init__(self):
+        self.lib = ctypes.CDLL("libcuda.so.1")
+
+    def _check(self, r, what):
+        if r != 0:
+            raise RuntimeError(f"{what} failed: CUresult {r}")
+
+    def alloc(self, size, value):
+        p = ctypes.c_uint64()
+        self._check(self.lib.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(size)), "cuMemAlloc")
+        self._check(self.lib.cuMemsetD8_v2(p, ctypes.c_ubyte(value), ctypes.c_size_t(size)), "cuMemsetD8")
+        return p.value
+
+    def free(self, p):
+        self._check(self.lib.cuMemFree_v2(ctypes.c_uint64(p)), "cuMemFree")
+
+    def get(self, p):
+        h = CudaIpc.Handle()
+        self._check(self.lib.cuIpcGetMemHandle(ctypes.byref(h), ctypes.c_uint64(p)), "cuIpcGetMemHandle")
+        return bytes(bytearray(h))
+
+    def open(self, raw):
+        h = CudaIpc.Handle.from_buffer_copy(raw)
+        p = ctypes.c_uint64()
+        # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS (1), as cudaIpcOpenMemHandle passes
+        self._check(self.lib.cuIpcOpenMemHandle_v2(ctypes.byref(p), h, ctypes.c_uint(1)), "cuIpcOpenMemHandle")
+        return p.value
+
+    def close(self, p):
+        self._check(self.lib.cuIpcCloseMemHandle(ctypes.c_uint64(p)), "cuIpcCloseMemHandle")
+
+
+class _CudaArray:
+    """``size`` bytes of device memory at ``ptr``, by ``__cuda_array_interface__`` (for
+    torch.as_tensor, zero-copy)."""
+
+    def __init__(self, ptr, size):
+        self.__cuda_array_interface__ = {"shape": (size,), "typestr": "|u1", "data": (ptr, False), "version": 3}
+
+
 # The share rows' receiver: one spawned process per variant, reused across the reps. Each rep
 # it gets the tensors (or hetmem's SharedRegion), reads a byte of each, answers with the time
 # it held them all (the end of the end-to-end measurement), then releases them (del, device
@@ -163,16 +215,23 @@ def _share_receiver(kind, conn, timeout):
         import hetmem.torch as ht
 
         ht.init("cuda")
+    if kind == "cudaipc":
+        ipc = CudaIpc()
     conn.send("ready")
     while True:
         msg = conn.recv()
         if isinstance(msg, str) and msg == "exit":
             break
         view = None
+        opened = []
         if kind == "hetmem":
             view, named = ht.open_shared(msg)
             ts = [named[f"t{i}"] for i in range(len(named))]
             del named
+        elif kind == "cudaipc":
+            size, handles = msg
+            opened = [ipc.open(h) for h in handles]
+            ts = [torch.as_tensor(_CudaArray(p, size), device="cuda") for p in opened]
         else:
             ts = msg
         torch.cuda.synchronize()
@@ -184,6 +243,8 @@ def _share_receiver(kind, conn, timeout):
         gc.collect()
         torch.cuda.synchronize()
         torch.cuda.ipc_collect()
+        for p in opened:
+            ipc.close(p)
         close_error = None
         if view is not None:
             try:
@@ -330,6 +391,30 @@ def child_share_torch(n, size, reps, rx_timeout=60):
     }
 
 
+def child_share_cudaipc(n, size, reps, rx_timeout=60):
+    """The per-tensor baseline: ``n`` cuMemAlloc'd buffers of ``size`` bytes, each shared by its
+    own legacy CUDA IPC handle (cuIpcGetMemHandle in the export, one cuIpcOpenMemHandle per
+    buffer in the receiver, which then makes its tensors over the opened pointers)."""
+    torch.empty(1, device="cuda")  # torch's primary context current in this thread
+    ipc = CudaIpc()
+    ptrs = [ipc.alloc(size, i % 251) for i in range(n)]
+    expect = float(sum(i % 251 for i in range(n)))
+    try:
+        e2e, export, infos = share_reps(
+            "cudaipc", reps, rx_timeout, lambda: (size, [ipc.get(p) for p in ptrs]), expect, n
+        )
+    finally:
+        for p in ptrs:
+            ipc.free(p)
+    return {
+        "end_to_end_ms": [t * 1e3 for t in e2e],
+        "export_ms": [t * 1e3 for t in export],
+        "handles": n,
+        "receiver_exit": receivers_summary(infos),
+        "receivers": infos,
+    }
+
+
 def run_child(name, env=None, timeout=300, **kw):
     """Runs child ``name`` in a fresh process (its own session, so the spawned receivers go
     with it); its last stdout line is the JSON it returns. Past ``timeout`` seconds the whole
@@ -371,7 +456,8 @@ def row_growth(args, ht):
     steps = args.growth_steps  # 2 MiB each
     step_elems = MiB  # fp16
     reps = args.reps
-    chunk = 32 * MiB  # GrowableTensor's default
+    chunk = 64 * MiB  # GrowableTensor's default
+    cm = chunk // MiB
     res = {
         "name": "growth_per_2mib",
         "steps": steps,
@@ -425,14 +511,14 @@ def row_growth(args, ht):
         variants[f"chunk{mib}_cold"] = statistics.mean(grow(False, c) for _ in range(reps)) * 1e6
         variants[f"chunk{mib}_pool"] = statistics.mean(grow(True, c) for _ in range(reps)) * 1e6
     for ahead in (2, 4):
-        variants[f"chunk32_prefetch{ahead}"] = (
+        variants[f"chunk{cm}_prefetch{ahead}"] = (
             statistics.mean(grow(False, chunk, ahead) for _ in range(reps)) * 1e6
         )
     res["hetmem_variants_us"] = variants
-    res["hetmem_us"] = variants["chunk32_cold"]
-    res["hetmem_pool_us"] = variants["chunk32_pool"]
-    res["hetmem_chunk64_us"] = variants["chunk64_cold"]
-    res["hetmem_chunk64_pool_us"] = variants["chunk64_pool"]
+    res["hetmem_us"] = variants[f"chunk{cm}_cold"]
+    res["hetmem_pool_us"] = variants[f"chunk{cm}_pool"]
+    res["hetmem_chunk32_us"] = variants["chunk32_cold"]
+    res["hetmem_chunk32_pool_us"] = variants["chunk32_pool"]
     res["hetmem_call_us"] = min(call_cost() for _ in range(3)) * 1e6
     res["torch_default"] = run_child("growth-torch", timeout=args.child_timeout, steps=steps, reps=reps)
     res["torch_expandable"] = run_child(
@@ -461,13 +547,13 @@ def row_growth(args, ht):
         res["bare_driver_per_2mib_us"] = statistics.mean(per) * 1e6
         for mib in (32, 64, 128):
             chunked = [bare_map_sequence(drv, steps * 2 * MiB, mib * MiB) / steps for _ in range(reps)]
-            key = "bare_driver_chunked_us" if mib == 32 else f"bare_driver_chunked{mib}_us"
+            key = "bare_driver_chunked_us" if mib == cm else f"bare_driver_chunked{mib}_us"
             res[key] = statistics.mean(chunked) * 1e6
             pre = [bare_map_sequence(drv, steps * 2 * MiB, mib * MiB, True) / steps for _ in range(reps)]
             res[f"bare_driver_map_only{mib}_us"] = statistics.mean(pre) * 1e6
         res["ratio_vs_bare_per_2mib"] = res["hetmem_us"] / res["bare_driver_per_2mib_us"]
         res["ratio_vs_bare_chunked"] = res["hetmem_us"] / res["bare_driver_chunked_us"]
-        res["ratio_pool_vs_bare_map_only"] = res["hetmem_pool_us"] / res["bare_driver_map_only32_us"]
+        res["ratio_pool_vs_bare_map_only"] = res["hetmem_pool_us"] / res[f"bare_driver_map_only{cm}_us"]
     except Exception as e:  # cuda.bindings missing or refusing
         res["bare_driver_error"] = repr(e)
     t_def = res["torch_default"]["per_2mib_us"]
@@ -485,7 +571,7 @@ def row_growth(args, ht):
     }
     res["torch_default_ratio"] = res["speedup_vs_torch_default"]
     res["torch_expandable_ratio"] = res["speedup_vs_torch_expandable"]
-    res["target"] = "at least 3x faster than PyTorch: default chunk (32 MiB), cold, vs both allocators"
+    res["target"] = f"at least 3x faster than PyTorch: default chunk ({cm} MiB), cold, vs both allocators"
     res["pass_vs_torch_default"] = res["speedup_vs_torch_default"] >= 3
     res["pass_vs_torch_expandable"] = res["speedup_vs_torch_expandable"] >= 3
     res["pass_pool"] = min(res["speedup_pool_vs_torch_default"], res["speedup_pool_vs_torch_expandable"]) >= 3
@@ -671,7 +757,7 @@ def row_share(args, ht):
     res["hetmem_ms"] = statistics.mean(e2e[1:]) * 1e3
     res["hetmem_export_ms"] = [t * 1e3 for t in export]
     kw = dict(n=n, size=size, reps=args.reps + 1, rx_timeout=args.share_timeout)
-    per = run_child("share-torch", env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, timeout=args.child_timeout, **kw)
+    per = run_child("share-cudaipc", timeout=args.child_timeout, **kw)
     cached = run_child("share-torch", timeout=args.child_timeout, **kw)
     res["per_tensor_handles"] = per
     res["torch_multiprocessing_cached"] = cached
@@ -753,7 +839,11 @@ def main():
     if args.child:
         kw = json.loads(args.child_args or "{}")
         faulthandler.dump_traceback_later(kw.pop("watchdog_s", 300), exit=True)
-        out = {"growth-torch": child_growth_torch, "share-torch": child_share_torch}[args.child](**kw)
+        out = {
+            "growth-torch": child_growth_torch,
+            "share-torch": child_share_torch,
+            "share-cudaipc": child_share_cudaipc,
+        }[args.child](**kw)
         faulthandler.cancel_dump_traceback_later()
         print(json.dumps(out), flush=True)
         return 0

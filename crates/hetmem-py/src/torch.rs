@@ -675,7 +675,7 @@ fn torch_last_error() -> Option<String> {
 
 /// A buffer whose addresses never change: a reservation of `capacity` bytes (rounded up to
 /// `chunk`) of which the first `size` bytes are backed, grown and shrunk in `chunk`s (a
-/// multiple of the page size, default 32 MiB: one `cuMemMap` + `cuMemSetAccess` per chunk on a
+/// multiple of the page size, default 64 MiB: one `cuMemMap` + `cuMemSetAccess` per chunk on a
 /// GPU) mapped from a pool of physical objects. Its exports (`__dlpack__`, the array
 /// interfaces) span the whole capacity, so a tensor over it keeps one `data_ptr()` for life:
 /// only the first `mapped` bytes may be touched.
@@ -1028,7 +1028,7 @@ impl Drop for Growable {
 /// Errors: `UnsupportedSizeError` for a chunk that is not a multiple of the page size or a
 /// capacity of 0; `ValueError` for an `itemsize` of 0; the reservation's errors.
 #[pyfunction]
-#[pyo3(signature = (ctx, capacity, chunk = 32 << 20, device = 0, itemsize = 1, prefetch = 0))]
+#[pyo3(signature = (ctx, capacity, chunk = 64 << 20, device = 0, itemsize = 1, prefetch = 0))]
 fn growable(
     py: Python<'_>,
     ctx: &Context,

@@ -212,6 +212,17 @@ def test_growable_keeps_its_address(np):
         _hetmem.growable(ctx, 64 * MiB, chunk=3 * MiB)
 
 
+def test_growable_default_chunk_is_64_mib():
+    """The default chunk is 64 MiB (one cuMemMap + cuMemSetAccess per 32 growth steps of 2 MiB on
+    a GPU; the growth row of bench/torch_bench.py measures 32, 64 and 128 MiB)."""
+    ctx = _hetmem.torch_context()
+    g = _hetmem.growable(ctx, 256 * MiB)
+    assert g.chunk == 64 * MiB
+    g.grow(1)
+    assert g.mapped == 64 * MiB
+    g.free()
+
+
 def test_growable_grows_in_elements():
     ctx = _hetmem.torch_context()
     g = _hetmem.growable(ctx, 8 * MiB, chunk=2 * MiB, itemsize=4)

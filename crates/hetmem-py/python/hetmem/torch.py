@@ -171,7 +171,7 @@ def _device_index(device) -> int:
 
 class GrowableTensor:
     """A 1-D tensor of ``dtype`` over a reservation of ``max_numel`` elements: grown and shrunk
-    in ``chunk_bytes`` chunks (default 32 MiB) from a pool, its ``data_ptr()`` never changes.
+    in ``chunk_bytes`` chunks (default 64 MiB) from a pool, its ``data_ptr()`` never changes.
     ``tensor`` is the first ``numel`` elements; only those may be touched.
 
     A chunk is made (``cuMemCreate``) when growth needs one and the pool is empty; chunks given
@@ -186,7 +186,7 @@ class GrowableTensor:
         max_numel: int,
         dtype=torch.float16,
         device=None,
-        chunk_bytes: int = 32 << 20,
+        chunk_bytes: int = 64 << 20,
         ctx=None,
         prefetch_chunks: int = 0,
     ):
