@@ -160,7 +160,14 @@
 //!   `ZE_RESULT_ERROR_INVALID_ARGUMENT` (the header requires one context but names no code).
 //! - The IPC handle-type descriptor is taken where the extension defines it (device and host
 //!   allocations, physical memory, get-with-properties); chained on a shared allocation it is
-//!   `ZE_RESULT_ERROR_UNSUPPORTED_ENUMERATION`.
+//!   `ZE_RESULT_ERROR_UNSUPPORTED_ENUMERATION`. `ZE_IPC_MEM_HANDLE_TYPE_FLAG_FABRIC_ACCESSIBLE`
+//!   is supported on both backends within one machine (case 11 of
+//!   `shared/cases/level-zero.md`, `tests/c/ze/cases_ipc11.c`; the rules are
+//!   `hetmem::semantics::ipc::handle_types`): such a handle is opened by another process of
+//!   the machine exactly as a default one. The spec publishes no `ze_ipc_property_flag_t` for
+//!   fabric handles, so `zeDriverGetIpcProperties` answers `ZE_IPC_PROPERTY_FLAG_MEMORY` alone;
+//!   the support is reported by the extension `ZE_extension_ipc_mem_handle_type` in
+//!   `zeDriverGetExtensionProperties` and by the types being accepted.
 //! - With the system-memory descriptor, `zeMemAllocHost`'s `size` must equal the descriptor's
 //!   (else `ZE_RESULT_ERROR_INVALID_ARGUMENT`); the alignment is not used (the import keeps the
 //!   address).

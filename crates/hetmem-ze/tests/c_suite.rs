@@ -598,6 +598,14 @@ fn case_8_ipc_of_a_mapping_at_an_offset() {
     loader_suite("cases_ipc8");
 }
 
+/// Case 11 of `shared/cases/level-zero.md`: FABRIC_ACCESSIBLE handles of device and host USM,
+/// of physical memory (its handle as the pointer) and of a mapped range, opened in a child; a
+/// type the memory was not created with is refused, bits over 0x3 are invalid.
+#[test]
+fn case_11_ipc_fabric_accessible_handles() {
+    loader_suite("cases_ipc11");
+}
+
 /// Case 12: sub-devices on the host backend (`HETMEM_HOST_SUBDEVICES=2`): enumeration, shares
 /// of the capacity, the root, memory, physical memory and queues on a sub-device, IPC opened
 /// in a child on its sub-device. Not applicable where the driver has none (cuda).

@@ -211,6 +211,9 @@ impl IpcHandleTypes {
     pub const DEFAULT: IpcHandleTypes = IpcHandleTypes(1);
     /// `ZE_IPC_MEM_HANDLE_TYPE_FLAG_FABRIC_ACCESSIBLE` (1 << 1): shareable over a fabric.
     pub const FABRIC_ACCESSIBLE: IpcHandleTypes = IpcHandleTypes(2);
+    /// Both types (0x3): what every backend of this build provides (a fabric-accessible handle
+    /// is opened within one machine exactly as a default one).
+    pub const ALL: IpcHandleTypes = IpcHandleTypes(3);
 
     /// Decodes the C flags (`typeFlags`): bits over 0x3 are `InvalidEnumeration` naming the
     /// value; 0 is taken as DEFAULT (the spec is silent; zero-initialised descriptors are

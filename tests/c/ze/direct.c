@@ -104,12 +104,24 @@ int main(void) {
     CHECK(zeMemAllocHost(e.ctx, &hsm, 2 * pg, 0, &again), ZE_RESULT_ERROR_INVALID_ENUMERATION);
     munmap(sys, 4 * pg);
 
-    /* IPC handle types: on allocation and at get */
+    /* IPC handle types: on allocation and at get (case 11 of shared/cases/level-zero.md:
+     * FABRIC_ACCESSIBLE is supported within one machine; a type the memory was not created
+     * with is UNSUPPORTED_FEATURE) */
     ze_ipc_mem_handle_type_ext_desc_t it = {ZE_HETMEM_STYPE_IPC_MEM_HANDLE_TYPE_EXT_DESC, NULL,
                                             ZE_HETMEM_IPC_MEM_HANDLE_TYPE_FLAG_FABRIC_ACCESSIBLE};
     ze_device_mem_alloc_desc_t dit = {ZE_STRUCTURE_TYPE_DEVICE_MEM_ALLOC_DESC, &it, 0, 0};
     void *dm = NULL;
-    CHECK(zeMemAllocDevice(e.ctx, &dit, 65536, 0, e.dev[0], &dm), ZE_RESULT_ERROR_UNSUPPORTED_FEATURE);
+    OK(zeMemAllocDevice(e.ctx, &dit, 65536, 0, e.dev[0], &dm));
+    {
+        ze_ipc_mem_handle_t hf;
+        OK(zeMemGetIpcHandleWithProperties(e.ctx, dm, &it, &hf));
+        OK(zeMemPutIpcHandle(e.ctx, hf));
+        it.typeFlags = ZE_HETMEM_IPC_MEM_HANDLE_TYPE_FLAG_DEFAULT; /* not created with it */
+        CHECK(zeMemGetIpcHandleWithProperties(e.ctx, dm, &it, &hf), ZE_RESULT_ERROR_UNSUPPORTED_FEATURE);
+        it.typeFlags = ZE_HETMEM_IPC_MEM_HANDLE_TYPE_FLAG_FABRIC_ACCESSIBLE;
+        OK(zeMemFree(e.ctx, dm));
+        dm = NULL;
+    }
     it.typeFlags = 0x8;
     CHECK(zeMemAllocDevice(e.ctx, &dit, 65536, 0, e.dev[0], &dm), ZE_RESULT_ERROR_INVALID_ENUMERATION);
     it.typeFlags = ZE_HETMEM_IPC_MEM_HANDLE_TYPE_FLAG_DEFAULT;

@@ -77,9 +77,15 @@ impl Context {
     /// captures every physical object mapped along `[ptr, ptr+size)`, in address order; the
     /// importer's view is `size` bytes and starts at the byte `ptr` names).
     ///
-    /// Errors: `InvalidNullPointer` for null; `InvalidEnumeration` / `UnsupportedFeature` for
-    /// handle types (FABRIC_ACCESSIBLE is not supported on the host backend; a type not asked
-    /// at creation); `InvalidArgument` for a pointer in no allocation of this context and no
+    /// Handle types (`props.handle_types`, case 11 of `shared/cases/level-zero.md`): DEFAULT
+    /// and FABRIC_ACCESSIBLE are both supported on every backend, within one machine (the same
+    /// handle, opened by another process of the machine as a default one); without a
+    /// handle-type descriptor no type is asked. Support is reported by the extension
+    /// `ZE_extension_ipc_mem_handle_type` (the spec has no IPC property flag for it).
+    ///
+    /// Errors: `InvalidNullPointer` for null; `UnsupportedFeature` for a handle type the memory
+    /// was not created with (memory created with a handle-type descriptor of DEFAULT only and
+    /// asked for FABRIC_ACCESSIBLE, or the reverse); `InvalidArgument` for a pointer in no allocation of this context and no
     /// mapped page, or imported system memory. With a range (any start byte, any size: the
     /// handle shares the whole pages it touches and the importer's pointer is that of the
     /// range's first byte): `InvalidSize` for size 0, `InvalidArgument` for a range past the
@@ -117,8 +123,7 @@ impl Context {
     ///
     /// Errors: `InvalidArgument` for an object that is not live in this context;
     /// `InvalidEnumeration` / `UnsupportedFeature` for handle types as
-    /// [`Context::get_ipc_handle_with_properties`] (FABRIC_ACCESSIBLE; a type not chained at
-    /// creation). Nothing changes on error.
+    /// [`Context::get_ipc_handle_with_properties`] (a type not chained at creation). Nothing changes on error.
     pub fn get_physical_memory_ipc_handle(
         &self,
         phys: PhysicalMemory,
@@ -228,9 +233,12 @@ impl Context {
     /// so no get can see it without them) and go with it ([`IpcStats::typed_allocations`]).
     /// Units, alignment: as [`Context::alloc_device`].
     ///
-    /// Errors: as [`Context::alloc_device`]; `UnsupportedFeature` for FABRIC_ACCESSIBLE (not
-    /// supported on the host backend), before anything is allocated (decode C flags with
-    /// [`IpcHandleTypes::from_raw`]: `InvalidEnumeration` over 0x3).
+    /// DEFAULT and FABRIC_ACCESSIBLE are supported on every backend (within one machine; case
+    /// 11 of `shared/cases/level-zero.md`): a later get asking for a type not given here is
+    /// `UnsupportedFeature`.
+    ///
+    /// Errors: as [`Context::alloc_device`] (decode C flags with [`IpcHandleTypes::from_raw`]:
+    /// `InvalidEnumeration` over 0x3, before anything is allocated).
     pub fn alloc_device_with_ipc_types(
         &self,
         device: &Device,
@@ -244,8 +252,7 @@ impl Context {
     /// [`Context::alloc_host`] (units, alignment), recording the handle types on the
     /// allocation's record as [`Context::alloc_device_with_ipc_types`] does.
     ///
-    /// Errors: as [`Context::alloc_host`]; `UnsupportedFeature` for FABRIC_ACCESSIBLE, before
-    /// anything is allocated.
+    /// Errors: as [`Context::alloc_host`].
     pub fn alloc_host_with_ipc_types(
         &self,
         desc: &AllocDesc,
@@ -259,8 +266,9 @@ impl Context {
     /// (under the same lock; they go with the object, [`IpcStats::typed_physical`]). Units:
     /// `size` in bytes, as [`Context::create_physical_memory`].
     ///
-    /// Errors: as [`Context::create_physical_memory`]; `UnsupportedFeature` for
-    /// FABRIC_ACCESSIBLE, before anything is created.
+    /// DEFAULT and FABRIC_ACCESSIBLE are supported (within one machine).
+    ///
+    /// Errors: as [`Context::create_physical_memory`].
     pub fn create_physical_memory_with_ipc_types(
         &self,
         device: Option<&Device>,

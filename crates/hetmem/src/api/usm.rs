@@ -19,7 +19,8 @@ impl Context {
     /// alignment is 0 or a power of two; `OutOfDeviceMemory` beyond the remaining capacity;
     /// `InvalidNullHandle` for a device of another driver; `OutOfHostMemory` if the OS refuses;
     /// for the chained options, `InvalidArgument` for a system-memory import (host only) and
-    /// `UnsupportedFeature` for IPC handle types the backend cannot provide (FABRIC_ACCESSIBLE).
+    /// `UnsupportedFeature` for IPC handle types the backend cannot provide (none today:
+    /// DEFAULT and FABRIC_ACCESSIBLE are both provided, within one machine).
     pub fn alloc_device(&self, device: &Device, desc: &AllocDesc) -> Result<usize> {
         calls::alloc_device(self.d(), self.id(), device.dref(), desc)
     }

@@ -49,7 +49,7 @@ use crate::semantics::checks::null_check;
 use crate::semantics::driver::{DeviceRef, DriverShared};
 use crate::semantics::ipc::broker::start_broker;
 use crate::semantics::ipc::format::{encode, run_pieces, whole_pieces, Decoded, IpcHandle, Piece};
-use crate::semantics::ipc::handle_types::{check_handle_types, SUPPORTED_TYPES};
+use crate::semantics::ipc::handle_types::check_asked;
 use crate::semantics::ipc::registry::{
     driver_id, fresh_export_id, own_pid, ExportRec, Source, EXPORTS,
 };
@@ -78,8 +78,9 @@ pub(crate) fn get(
     props: &IpcProperties,
 ) -> Result<IpcHandle> {
     null_check(ptr, "IPC pointer")?;
-    let asked = props.handle_types.unwrap_or(IpcHandleTypes::DEFAULT);
-    check_handle_types(asked, SUPPORTED_TYPES, None)?;
+    // No handle-type descriptor: no type asked (the memory's handle, whatever its types).
+    let asked = props.handle_types;
+    check_asked(asked, None)?;
     if let Some(size) = props.range_size {
         return range(d, context, ptr, size, asked);
     }
@@ -97,7 +98,7 @@ pub(crate) fn get(
                 Addr(ptr)
             )));
         };
-        check_handle_types(asked, SUPPORTED_TYPES, usm.ipc_types(ptr))?;
+        check_asked(asked, usm.ipc_types(ptr))?;
         let source = Source::Allocation(uid);
         if let Some(h) = EXPORTS.lock().reuse(source) {
             return Ok(h);
@@ -153,7 +154,7 @@ fn export_mapping(
     len: usize,
     id: u64,
     offset: usize,
-    asked: IpcHandleTypes,
+    asked: Option<IpcHandleTypes>,
 ) -> Result<IpcHandle> {
     {
         let vm = d.vm.read();
@@ -166,7 +167,7 @@ fn export_mapping(
                 )))
             }
         }
-        check_handle_types(asked, SUPPORTED_TYPES, vm.physical_ipc_types(id))?;
+        check_asked(asked, vm.physical_ipc_types(id))?;
     }
     let source = Source::Mapping {
         phys: id,
@@ -183,16 +184,15 @@ fn export_mapping(
 /// context `context` (the importer's view is the whole object, mapped anywhere or not).
 ///
 /// Errors: `InvalidArgument` for an object that is not live in this context;
-/// `UnsupportedFeature` for handle types (FABRIC_ACCESSIBLE; a type not chained at creation).
+/// `UnsupportedFeature` for a handle type asked that was not chained at creation.
 pub(crate) fn physical(
     d: &DriverShared,
     context: u64,
     id: u64,
     handle_types: Option<IpcHandleTypes>,
 ) -> Result<IpcHandle> {
-    let asked = handle_types.unwrap_or(IpcHandleTypes::DEFAULT);
-    check_handle_types(asked, SUPPORTED_TYPES, None)?;
-    export_physical(d, context, id, asked)
+    check_asked(handle_types, None)?;
+    export_physical(d, context, id, handle_types)
 }
 
 /// The export of physical object `id`; `asked` has passed the backend check.
@@ -200,7 +200,7 @@ fn export_physical(
     d: &DriverShared,
     context: u64,
     id: u64,
-    asked: IpcHandleTypes,
+    asked: Option<IpcHandleTypes>,
 ) -> Result<IpcHandle> {
     let vm = d.vm.read();
     let (raw, size, loc) = match vm.physical_raw(id) {
@@ -211,7 +211,7 @@ fn export_physical(
             )))
         }
     };
-    check_handle_types(asked, SUPPORTED_TYPES, vm.physical_ipc_types(id))?;
+    check_asked(asked, vm.physical_ipc_types(id))?;
     let source = Source::Physical(id);
     if let Some(h) = EXPORTS.lock().reuse(source) {
         return Ok(h);
@@ -243,7 +243,7 @@ pub(crate) fn range(
     context: u64,
     ptr: usize,
     size: usize,
-    asked: IpcHandleTypes,
+    asked: Option<IpcHandleTypes>,
 ) -> Result<IpcHandle> {
     range_of(d, context, ptr, size, asked, None)
 }
@@ -255,7 +255,7 @@ fn range_of(
     context: u64,
     ptr: usize,
     size: usize,
-    asked: IpcHandleTypes,
+    asked: Option<IpcHandleTypes>,
     source: Option<Source>,
 ) -> Result<IpcHandle> {
     if size == 0 {
@@ -358,16 +358,14 @@ fn range_of(
                         )))
                     }
                 };
-                check_handle_types(asked, SUPPORTED_TYPES, vm.physical_ipc_types(phys)).map_err(
-                    |e| {
-                        Error::UnsupportedFeature(format!(
-                            "IPC range [{}, {}) maps physical memory {phys}: {}",
-                            Addr(ptr),
-                            Addr(end),
-                            e.message()
-                        ))
-                    },
-                )?;
+                check_asked(asked, vm.physical_ipc_types(phys)).map_err(|e| {
+                    Error::UnsupportedFeature(format!(
+                        "IPC range [{}, {}) maps physical memory {phys}: {}",
+                        Addr(ptr),
+                        Addr(end),
+                        e.message()
+                    ))
+                })?;
                 let exported = d.backend.export_physical(raw)?;
                 capacity.extend(vm.physical_charge(phys));
                 let first = parts.len() as u32;
@@ -506,7 +504,7 @@ pub(crate) fn register(
 /// given as its driver and ordinal, or on the host) and its types recorded under the same
 /// `vm` lock.
 ///
-/// Errors: `UnsupportedFeature` for FABRIC_ACCESSIBLE; `InvalidNullHandle` for a device of
+/// Errors: `InvalidNullHandle` for a device of
 /// another driver; as `zePhysicalMemCreate` otherwise.
 pub(crate) fn create_physical_with_types(
     d: &DriverShared,
@@ -516,7 +514,7 @@ pub(crate) fn create_physical_with_types(
     size: usize,
     types: IpcHandleTypes,
 ) -> Result<PhysicalMemory> {
-    check_handle_types(types, SUPPORTED_TYPES, None)?;
+    crate::semantics::ipc::handle_types::check_new_handle_types(types)?;
     let slot = device.map(|dev| d.device_slot(dev)).transpose()?;
     let mut vm = d.vm.write();
     let p = vm.create_physical(
