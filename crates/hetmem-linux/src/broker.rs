@@ -14,6 +14,8 @@
 //! | [`fd_identity`] | `fstat(2)` |
 //! | [`fd_seals`] | `fcntl(F_GET_SEALS)` |
 //! | [`dup_fd`] | `fcntl(F_DUPFD_CLOEXEC)` |
+//! | [`sealed_memfd_holding`] | `memfd_create(2)` (`MFD_CLOEXEC \| MFD_ALLOW_SEALING`), `write(2)`, `fcntl(F_ADD_SEALS)` |
+//! | [`read_sealed_memfd`] | `fcntl(F_GET_SEALS)`, `fstat(2)`, `pread(2)` |
 //!
 //! # The broker
 //! A process's broker is a `SOCK_SEQPACKET` Unix socket in the abstract namespace named
@@ -524,6 +526,64 @@ pub fn dup_fd(fd: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
     rustix::io::fcntl_dupfd_cloexec(fd, 0)
 }
 
+/// A memfd named `name` holding exactly `bytes`, sealed against every change
+/// (`F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL`), so whoever receives it reads
+/// the same bytes forever: `memfd_create(2)` with `MFD_CLOEXEC | MFD_ALLOW_SEALING`,
+/// `write(2)` (repeated until all is written), `fcntl(2)` `F_ADD_SEALS`. Errors: those of the
+/// three calls (`EMFILE`, `ENOMEM`, ...).
+pub fn sealed_memfd_holding(name: &str, bytes: &[u8]) -> Result<OwnedFd, Errno> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    let mut done = 0;
+    while done < bytes.len() {
+        match rustix::io::write(&fd, &bytes[done..]) {
+            Ok(0) => return Err(Errno::IO),
+            Ok(n) => done += n,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    rustix::fs::fcntl_add_seals(
+        &fd,
+        SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL,
+    )?;
+    Ok(fd)
+}
+
+/// The bytes of a memfd that [`sealed_memfd_holding`] made (or any memfd sealed the same way):
+/// `fcntl(2)` `F_GET_SEALS` (it must have `F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK`, so the
+/// bytes cannot change), `fstat(2)` (its size, at most `max`), `pread(2)` from offset 0.
+/// `Err` says what is wrong: not a memfd, not sealed, too large, or the call that failed.
+pub fn read_sealed_memfd(fd: BorrowedFd<'_>, max: usize) -> Result<Vec<u8>, String> {
+    use rustix::fs::SealFlags;
+    let seals = rustix::fs::fcntl_get_seals(fd)
+        .map_err(|e| format!("not a sealable memfd (F_GET_SEALS: {e})"))?;
+    let need = SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK;
+    if !seals.contains(need) {
+        return Err(format!(
+            "a memfd not sealed against write, grow and shrink (seals {:#x})",
+            seals.bits()
+        ));
+    }
+    let size = rustix::fs::fstat(fd)
+        .map_err(|e| format!("fstat: {e}"))?
+        .st_size as u64;
+    if size > max as u64 {
+        return Err(format!("a memfd of {size} bytes, more than {max}"));
+    }
+    let mut b = vec![0u8; size as usize];
+    let mut done = 0;
+    while done < b.len() {
+        match rustix::io::pread(fd, &mut b[done..], done as u64) {
+            Ok(0) => return Err(format!("pread: end of file at {done} of {size} bytes")),
+            Ok(n) => done += n,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(format!("pread: {e}")),
+        }
+    }
+    Ok(b)
+}
+
 /// 16 random bytes from the kernel: `getrandom(2)`.
 pub fn random_token() -> Result<[u8; 16], Errno> {
     let mut t = [0u8; 16];
@@ -538,6 +598,29 @@ pub fn random_token() -> Result<[u8; 16], Errno> {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    /// A sealed memfd reads back its bytes; one that can still be written, or is larger than
+    /// asked, or a pipe, is refused saying why.
+    #[test]
+    fn sealed_memfd_reads_back_and_unsealed_or_large_ones_are_refused() {
+        let fd = sealed_memfd_holding("t", b"hello").unwrap();
+        assert_eq!(read_sealed_memfd(fd.as_fd(), 64).unwrap(), b"hello");
+        assert!(read_sealed_memfd(fd.as_fd(), 4)
+            .unwrap_err()
+            .contains("more than 4"));
+        assert!(
+            rustix::io::write(&fd, b"x").is_err(),
+            "sealed against write"
+        );
+        let open = rustix::fs::memfd_create("u", rustix::fs::MemfdFlags::ALLOW_SEALING).unwrap();
+        assert!(read_sealed_memfd(open.as_fd(), 64)
+            .unwrap_err()
+            .contains("not sealed"));
+        let (r, _w) = rustix::pipe::pipe().unwrap();
+        assert!(read_sealed_memfd(r.as_fd(), 64)
+            .unwrap_err()
+            .contains("F_GET_SEALS"));
+    }
 
     /// `/dev/null` is character device 1:3; a pipe is no device; a closed fd is `EBADF`.
     #[test]

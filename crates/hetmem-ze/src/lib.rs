@@ -168,6 +168,14 @@
 //!   fabric handles, so `zeDriverGetIpcProperties` answers `ZE_IPC_PROPERTY_FLAG_MEMORY` alone;
 //!   the support is reported by the extension `ZE_extension_ipc_mem_handle_type` in
 //!   `zeDriverGetExtensionProperties` and by the types being accepted.
+//! - `zeMemGetIpcHandleFromFileDescriptorExp` of an fd received alone from the exporting
+//!   process (case 5 of `shared/cases/level-zero.md`, `tests/c/ze/cases_ipc5.c`) gives a
+//!   handle that opens the exporter's memory on both backends (cuda: the fd is the export's
+//!   description, a sealed memfd holding the handle). `zeMemPutIpcHandle` of such a handle in
+//!   the importer is `ZE_RESULT_SUCCESS` and changes nothing: it holds nothing there (the
+//!   reference driver answers `SUCCESS` for a handle that is not one of its exports; the
+//!   header lists no code). Bytes that are not a hetmem handle, and a put beyond the gets of
+//!   a real export, stay `ZE_RESULT_ERROR_INVALID_ARGUMENT`.
 //! - With the system-memory descriptor, `zeMemAllocHost`'s `size` must equal the descriptor's
 //!   (else `ZE_RESULT_ERROR_INVALID_ARGUMENT`); the alignment is not used (the import keeps the
 //!   address).

@@ -577,6 +577,13 @@ fn runtime_table_zer_default_context_and_identifiers() {
     loader_suite("zer");
 }
 
+/// Case 5 of `shared/cases/level-zero.md`: an IPC handle rebuilt from a file descriptor received
+/// alone (`SCM_RIGHTS`) in another process opens the exporter's bytes; close and put succeed.
+#[test]
+fn case_5_ipc_handle_from_a_file_descriptor_in_another_process() {
+    loader_suite("cases_ipc5");
+}
+
 /// Case 6 of `shared/cases/level-zero.md`: get an allocation's (and mapped physical memory's)
 /// IPC handle N times, put it N times, through any context of the driver; 8 threads at once.
 #[test]

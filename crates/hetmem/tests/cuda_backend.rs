@@ -717,13 +717,21 @@ fn ipc_between_two_processes_shares_gpu_memory() {
     fill(&ctx, &rt, alloc, &[0x42], page);
     let ah = ctx.get_ipc_handle(alloc).unwrap();
     let ph = ctx.get_physical_memory_ipc_handle(big, None).unwrap();
-    // An fd alone cannot be traced back to its export on this backend: refused, saying why.
-    let e = ctx.ipc_handle_from_fd(range.fd()).unwrap_err();
+    // The fd of a handle is the export's description on this backend (case 5 of
+    // shared/cases/level-zero.md): the handle comes back from it; a cuda shareable fd (a
+    // descriptor of /dev/nvidiactl, no description) is refused, saying why.
+    assert_eq!(ctx.ipc_handle_from_fd(range.fd()).unwrap(), range);
+    assert_eq!(ctx.ipc_handle_from_fd(ah.fd()).unwrap(), ah);
+    let nvidiactl = std::fs::File::open("/dev/nvidiactl").unwrap();
+    let e = ctx
+        .ipc_handle_from_fd(std::os::fd::AsRawFd::as_raw_fd(&nvidiactl))
+        .unwrap_err();
     assert_eq!(
         e.ze_result(),
-        0x7800_0003, /* UNSUPPORTED_FEATURE */
+        0x7800_0004, /* INVALID_ARGUMENT */
         "{e}"
     );
+    assert!(e.message().contains("description"), "{e}");
     let handles = [range, ah, ph]
         .iter()
         .map(|h| hex(h.as_bytes()))

@@ -1,9 +1,9 @@
 /* IPC across two real processes through the loader, both ways that Level Zero programs use:
  *  A. parent exports device memory; the fd of the handle's first 4 bytes goes over SCM_RIGHTS
  *     with the 64 bytes; the child writes the received fd over bytes 0..4 and opens (and also
- *     rebuilds the handle from the fd with zeMemGetIpcHandleFromFileDescriptorExp, where the
- *     driver's fds identify their memory: hetmem documents UNSUPPORTED_FEATURE where they do
- *     not, as on its cuda backend);
+ *     rebuilds the handle from the fd with zeMemGetIpcHandleFromFileDescriptorExp: the fd
+ *     identifies its memory on hetmem's host backend and is the export's description on its
+ *     cuda backend; a driver answering UNSUPPORTED_FEATURE gets a NOT APPLICABLE line);
  *  B. child exports host memory (device memory where the driver answers UNSUPPORTED_FEATURE
  *     for host memory, as hetmem's cuda backend documents); the 64 bytes alone go over the
  *     socket as opaque data; the parent opens;

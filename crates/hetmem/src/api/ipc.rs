@@ -199,28 +199,42 @@ impl Context {
     /// the last put releases what the export holds (its fds; the memory goes once nothing else
     /// holds it). Views already opened stay valid; opens after the last put fail.
     ///
-    /// Errors: `InvalidArgument` for bytes that are not a handle (forged, corrupted), a handle
-    /// exported by another process or driver, one put as often as it was got, or one whose
-    /// context is gone. Nothing changes on error.
+    /// A handle [`Context::ipc_handle_from_fd`] made for memory another process exported
+    /// holds nothing here: its put is `Ok` and changes nothing (the reference driver's answer:
+    /// compute-runtime's `ContextImp::putIpcMemHandle` answers `ZE_RESULT_SUCCESS` for a handle
+    /// that is not one of its exports; the header lists no code for it; case 5 of
+    /// `shared/cases/level-zero.md`).
+    ///
+    /// Errors: `InvalidArgument` for bytes that are not a handle (forged, corrupted), any other
+    /// handle exported by another process or driver, one put as often as it was got, or one
+    /// whose context is gone. Nothing changes on error.
     pub fn put_ipc_handle(&self, handle: &IpcHandle) -> Result<()> {
         crate::semantics::ipc::import::put(self.d(), handle)
     }
 
-    /// `zeMemGetIpcHandleFromFileDescriptorExp`: the IPC handle for the memory behind `fd`, a
-    /// file descriptor of this process (as `zeMemGetFileDescriptorFromIpcHandleExp` gave it, or
-    /// as received from another process with `SCM_RIGHTS`).
+    /// `zeMemGetIpcHandleFromFileDescriptorExp`: the IPC handle for `fd`, a file descriptor of
+    /// this process (as `zeMemGetFileDescriptorFromIpcHandleExp` gave it, or as received from
+    /// the exporting process with `SCM_RIGHTS`, the 64 bytes not sent), with `fd` in bytes 0..4.
     ///
-    /// If `fd` is the shareable handle of a live export of this context (same identity as the
-    /// export's first handle), the handle is that export's, with `fd` in bytes 0..4. Otherwise
-    /// the handle describes the memory behind `fd` alone: kind allocation, memory type device,
-    /// no exporter (pid 0, so opening it never contacts a broker), view size the memory's size;
-    /// opening it maps `fd` through the fd transport (see the module docs), which checks it
-    /// again.
+    /// Host backend (a memfd identifies its memory): if `fd` is the shareable handle of a live
+    /// export of this context (same identity as the export's first handle), the handle is that
+    /// export's. Otherwise it describes the memory behind `fd` alone: kind allocation, memory
+    /// type device, no exporter (pid 0, so opening it never contacts a broker), view size the
+    /// memory's size; opening it maps `fd` through the fd transport, which checks it again.
+    ///
+    /// cuda backend (its shareable fds, descriptors of `/dev/nvidiactl`, identify nothing): the
+    /// fd of a handle is the export's description, a sealed memfd holding the handle, made at
+    /// export and closed at its last put; the handle is read back from it and opens through
+    /// the exporter's broker (the exporter must be alive).
+    ///
+    /// A handle made for memory another process exported holds nothing here:
+    /// [`Context::put_ipc_handle`] of it is `Ok` and changes nothing (case 5 of
+    /// `shared/cases/level-zero.md`).
     ///
     /// Errors: `InvalidArgument` for a negative fd, an fd that is not open, not a shareable
     /// handle this backend imports (on the host: a memfd sealed against grow and shrink), or
-    /// empty; `UnsupportedFeature` on a backend whose fds carry no identity (cuda: see
-    /// `Backend::shareable_fds_have_identity`). Nothing changes (no fd is kept or closed).
+    /// empty; on cuda, an fd that is not an export's description (a sealed memfd of 64 bytes
+    /// that decode as a hetmem handle). Nothing changes (no fd is kept or closed).
     pub fn ipc_handle_from_fd(&self, fd: i32) -> Result<IpcHandle> {
         crate::semantics::ipc::import::handle_from_fd(self.d(), self.id(), fd)
     }

@@ -578,6 +578,26 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// `cuMemImportFromShareableHandle` accepts, of at least `need` bytes.
     fn check_shareable(&self, fd: BorrowedFd<'_>, need: u64) -> std::result::Result<(), String>;
 
+    /// A file descriptor holding `bytes` that nobody can change, for an export on a backend
+    /// whose shareable fds carry no identity ([`Backend::shareable_fds_have_identity`]): the
+    /// fd `zeMemGetFileDescriptorFromIpcHandleExp` gives, from which another process reads
+    /// the handle back ([`Backend::read_description`]). CUDA and host: a memfd sealed against
+    /// write, grow and shrink (`memfd_create(2)`, `write(2)`, `fcntl(F_ADD_SEALS)`).
+    fn describe_export(&self, bytes: &[u8]) -> Result<OwnedFd> {
+        platform::sealed_bytes(bytes)
+    }
+
+    /// The bytes of an fd [`Backend::describe_export`] made (here or in another process), at
+    /// most `max`; `Err` says why `fd` is not one. CUDA and host: `fcntl(F_GET_SEALS)` (sealed
+    /// against write, grow and shrink), `fstat(2)`, `pread(2)`.
+    fn read_description(
+        &self,
+        fd: BorrowedFd<'_>,
+        max: usize,
+    ) -> std::result::Result<Vec<u8>, String> {
+        platform::read_sealed(fd, max)
+    }
+
     /// A close-on-exec duplicate of a shareable handle. CUDA and host: `fcntl(F_DUPFD_CLOEXEC)`.
     fn dup_shareable(&self, fd: BorrowedFd<'_>) -> Result<OwnedFd> {
         platform::dup(fd, "a shareable handle")

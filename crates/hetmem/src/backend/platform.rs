@@ -115,6 +115,23 @@ pub(crate) fn remove_record(name: &str) {
     hetmem_linux::records::remove(name)
 }
 
+/// [`crate::backend::Backend::describe_export`] on Linux: a memfd holding `bytes`, sealed
+/// against every change (`hetmem_linux::broker::sealed_memfd_holding`).
+pub(crate) fn sealed_bytes(bytes: &[u8]) -> Result<OwnedFd> {
+    hetmem_linux::broker::sealed_memfd_holding("hetmem-ipc-description", bytes).map_err(|e| {
+        os_error(
+            "memfd_create / write / F_ADD_SEALS of an export's description",
+            e,
+        )
+    })
+}
+
+/// [`crate::backend::Backend::read_description`] on Linux
+/// (`hetmem_linux::broker::read_sealed_memfd`).
+pub(crate) fn read_sealed(fd: BorrowedFd<'_>, max: usize) -> std::result::Result<Vec<u8>, String> {
+    hetmem_linux::broker::read_sealed_memfd(fd, max)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

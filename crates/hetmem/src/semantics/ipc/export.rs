@@ -455,7 +455,8 @@ pub(crate) fn register(
             "st_dev {dev:#x} of an exported memfd does not fit 32 bits"
         ))
     })?;
-    let fd = crate::backend::ipc::AsRawFd::as_raw_fd(first);
+    let describe = !backend.shareable_fds_have_identity();
+    let mut fd = crate::backend::ipc::AsRawFd::as_raw_fd(first);
     let mut ex = EXPORTS.lock();
     if let Some(h) = source.and_then(|s| ex.reuse(s)) {
         drop(ex);
@@ -475,6 +476,19 @@ pub(crate) fn register(
         pieces: runs as u32,
         lead,
         tail,
+        from_fd: false,
+    };
+    // Where the fds carry no identity, bytes 0..4 are the export's description instead: a
+    // sealed memfd holding the handle (with -1 for the fd), from which
+    // `zeMemGetIpcHandleFromFileDescriptorExp` rebuilds it in any process
+    // (`crate::semantics::ipc::import::handle_from_fd`); made under the lock, since it holds
+    // the export id.
+    let description = if describe {
+        let desc = backend.describe_export(encode(-1, &h).as_bytes())?;
+        fd = crate::backend::ipc::AsRawFd::as_raw_fd(&desc);
+        Some(desc)
+    } else {
+        None
     };
     let handle = encode(fd, &h);
     ex.insert(
@@ -493,6 +507,7 @@ pub(crate) fn register(
             source,
             refs: 1,
             handle,
+            description,
         },
     );
     Ok(handle)

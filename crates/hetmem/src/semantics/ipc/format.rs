@@ -7,12 +7,12 @@
 //! # The handle (64 bytes, `ze_ipc_mem_handle_t`)
 //! | bytes | field |
 //! |---|---|
-//! | 0..4 | an fd valid in the exporting process (`i32`, little endian): the allocation's or physical object's shareable handle (host: its memfd); for a range, or memory exported as several parts, the first part's |
+//! | 0..4 | an fd valid in the exporting process (`i32`, little endian): on a backend whose shareable fds identify their memory (host), the allocation's or physical object's shareable handle (its memfd; for a range, or memory exported as several parts, the first part's); on one whose fds do not (cuda), the export's description: a sealed memfd holding these 64 bytes with -1 in bytes 0..4 (`crate::semantics::ipc::export::register`) |
 //! | 4..8 | magic `"HMIP"` |
 //! | 8 | version (3) |
 //! | 9 | kind: 1 allocation, 2 physical object, 3 range |
 //! | 10 | memory type of the exported memory (`ze_memory_type_t`: 1 host, 2 device, 3 shared) |
-//! | 11 | 0 |
+//! | 11 | 0; 1 for a handle `zeMemGetIpcHandleFromFileDescriptorExp` made in a process that did not export the memory (it holds nothing there: its put is `SUCCESS` and changes nothing; its open asks the exporter with byte 11 cleared) |
 //! | 12..16 | exporter pid (`u32`) |
 //! | 16..20 | exporter's broker nonce (`u32`, random, non-zero): the broker's socket is named `hetmem-ipc-broker.<pid>.<nonce as 8 hex digits>` |
 //! | 20..24 | export id (`u32`, per exporter, non-zero; after 2^32 - 1 exports ids wrap, skipping live ones; a reused id never opens an old handle since the token differs) |
@@ -127,6 +127,9 @@ pub(crate) struct Decoded {
     pub(crate) lead: u32,
     /// Range: bytes of the last page after the range's last byte. 0 otherwise.
     pub(crate) tail: u32,
+    /// Byte 11: made by `zeMemGetIpcHandleFromFileDescriptorExp` in a process that is not the
+    /// exporter (holds nothing there).
+    pub(crate) from_fd: bool,
 }
 
 pub(crate) fn fnv1a(b: &[u8]) -> u32 {
@@ -145,6 +148,7 @@ pub(crate) fn encode(fd: i32, h: &Decoded) -> IpcHandle {
     d[8] = VERSION;
     d[9] = h.kind as u8;
     d[10] = h.mem as u8;
+    d[11] = h.from_fd as u8;
     d[12..16].copy_from_slice(&h.pid.to_le_bytes());
     d[16..20].copy_from_slice(&h.nonce.to_le_bytes());
     d[20..24].copy_from_slice(&h.id.to_le_bytes());
@@ -177,7 +181,7 @@ pub(crate) fn decode(h: &IpcHandle) -> Result<Decoded> {
         return bad(&format!("version {} is not {VERSION}", d[8]));
     }
     let c = u32::from_le_bytes(d[60..64].try_into().expect("4"));
-    if c != fnv1a(&d[4..60]) || !(1..=3).contains(&d[10]) || d[11] != 0 {
+    if c != fnv1a(&d[4..60]) || !(1..=3).contains(&d[10]) || d[11] > 1 {
         return bad("checksum mismatch (corrupted or forged bytes)");
     }
     let kind = match d[9] {
@@ -207,6 +211,7 @@ pub(crate) fn decode(h: &IpcHandle) -> Result<Decoded> {
         pieces: if range { u32at(48) } else { 1 },
         lead: if range { u32at(52) } else { 0 },
         tail: if range { u32at(56) } else { 0 },
+        from_fd: d[11] == 1,
     })
 }
 
@@ -336,6 +341,7 @@ mod tests {
             pieces: 3,
             lead: 0x1000,
             tail: 0x800,
+            from_fd: false,
         }
     }
 

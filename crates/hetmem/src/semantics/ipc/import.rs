@@ -10,7 +10,11 @@
 //! - **fd**: a program may send the fd of bytes 0..4 over a Unix socket (`SCM_RIGHTS`) and write
 //!   the received number over bytes 0..4. Opening an allocation or physical-object handle then
 //!   uses that fd directly (it is recognised by its device and inode numbers; the exporter is
-//!   not contacted).
+//!   not contacted). On a backend whose fds carry no identity (cuda) the fd of bytes 0..4 is
+//!   the export's description instead (a sealed memfd holding the handle, made at export and
+//!   closed at its last put): sent alone, it is enough for [`handle_from_fd`] to rebuild the
+//!   handle in the receiver, which then opens through the broker (case 5 of
+//!   `shared/cases/level-zero.md`).
 //! - **bytes only** (a file, a pipe, shared memory): the importer connects to the exporter's
 //!   broker ([`crate::semantics::ipc::broker`]), presenting the handle, but only after checking
 //!   that the socket's owner (`SO_PEERCRED`) is the exporter's pid of the handle running as our
@@ -44,7 +48,9 @@
 //! - Put: through any context of the exporting driver (the reference driver keeps its
 //!   handles per driver); one put per get ([`crate::semantics::ipc::export`]: gets of the
 //!   same memory count on one export). A handle this process did not export, one of another
-//!   driver, or one put as often as it was got -> `InvalidArgument`.
+//!   driver, or one put as often as it was got -> `InvalidArgument`; except a handle that
+//!   [`handle_from_fd`] made for memory another process exported, which holds nothing: its
+//!   put is `SUCCESS` and changes nothing (the reference driver's answer, see [`put`]).
 
 use crate::backend::ipc::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
@@ -166,11 +172,24 @@ pub(crate) fn material(
     } else {
         per_page.clamp(1, max_pieces)
     };
+    // A handle rebuilt from an fd here is marked (byte 11); the exporter knows its own bytes.
+    let request = if h.from_fd {
+        encode(
+            handle.fd(),
+            &Decoded {
+                from_fd: false,
+                ..*h
+            },
+        )
+        .data
+    } else {
+        handle.data
+    };
     let reply = ask(
         backend,
         h.pid,
         h.nonce,
-        &handle.data,
+        &request,
         (24 + 32 * pieces).max(REFUSAL_MAX),
         pieces,
     )?;
@@ -448,11 +467,22 @@ pub(crate) fn close(d: &DriverShared, context: u64, ptr: usize) -> Result<()> {
 /// is returned; the last put releases what the export holds (its fds; the memory goes once
 /// nothing else holds it). Views already opened stay valid.
 ///
-/// Errors: `InvalidArgument` for bytes that are not a handle, a handle exported by another
-/// process or driver, one whose gets were all put already, or one whose context is gone.
-/// Nothing changes on error.
+/// A handle that `zeMemGetIpcHandleFromFileDescriptorExp` made in a process that did not
+/// export the memory ([`handle_from_fd`]: byte 11 set) holds nothing, so its put is `Ok` and
+/// changes nothing: the reference driver's answer (compute-runtime's
+/// `ContextImp::putIpcMemHandle` looks the handle up among its own exports and answers
+/// `ZE_RESULT_SUCCESS` when it is not one: nothing to release), which programs that rebuild a
+/// handle from a received fd and put it follow (case 5 of `shared/cases/level-zero.md`). The
+/// 1.18 header lists no code for it.
+///
+/// Errors: `InvalidArgument` for bytes that are not a handle, any other handle exported by
+/// another process or driver, one whose gets were all put already, or one whose context is
+/// gone. Nothing changes on error.
 pub(crate) fn put(d: &DriverShared, handle: &IpcHandle) -> Result<()> {
     let h = decode(handle)?;
+    if h.from_fd {
+        return Ok(());
+    }
     if h.pid != own_pid() {
         return Err(Error::InvalidArgument(format!(
             "handle was exported by process {}, not this one ({})",
@@ -483,16 +513,29 @@ pub(crate) fn put(d: &DriverShared, handle: &IpcHandle) -> Result<()> {
     Ok(())
 }
 
-/// `zeMemGetIpcHandleFromFileDescriptorExp` in context `context` of driver `d`: the handle of
-/// the live export of this context whose first shareable handle is the memory behind `fd`
-/// (with `fd` in bytes 0..4), or else a handle describing that memory alone (kind allocation,
-/// memory type device, pid 0: opening it never contacts a broker, and maps `fd` through the
-/// fd transport, which checks it again).
+/// `zeMemGetIpcHandleFromFileDescriptorExp` in context `context` of driver `d`: the handle for
+/// the fd that `zeMemGetFileDescriptorFromIpcHandleExp` gave (bytes 0..4 of a handle), in the
+/// exporting process or in another one that received it (`SCM_RIGHTS`), with `fd` in bytes
+/// 0..4.
 ///
-/// Errors: `InvalidArgument` for a negative fd, an fd that is not open, not a shareable handle
-/// this backend imports (on the host: a memfd sealed against grow and shrink), or empty;
-/// `UnsupportedFeature` on a backend whose fds carry no identity (cuda). Nothing changes (no fd
-/// is kept or closed).
+/// - On a backend whose shareable fds identify their memory (host: a memfd): the handle of
+///   the live export of this context whose first shareable handle is the memory behind `fd`;
+///   or else a handle describing that memory alone (kind allocation, memory type device, pid
+///   0: opening it never contacts a broker and maps `fd` through the fd transport, which
+///   checks it again).
+/// - On one whose fds do not (cuda: every one is a descriptor of `/dev/nvidiactl`), the fd is
+///   the export's description (a sealed memfd holding its handle,
+///   `crate::semantics::ipc::export::register`): the handle read back from it, which opens
+///   through the exporter's broker as any handle does.
+///
+/// A handle made here for memory another process exported is marked so (byte 11): it holds
+/// nothing, and its put is `Ok` ([`put`]: the reference driver's answer).
+///
+/// Errors: `InvalidArgument` for a negative fd, an fd that is not open, not a shareable
+/// handle this backend imports (on the host: a memfd sealed against grow and shrink), or
+/// empty; on a backend without fd identity, an fd that is not an export's description (a
+/// sealed memfd of 64 bytes that decode as a hetmem handle). Nothing changes (no fd is kept
+/// or closed).
 pub(crate) fn handle_from_fd(d: &DriverShared, context: u64, fd: i32) -> Result<IpcHandle> {
     if fd < 0 {
         return Err(Error::InvalidArgument(format!(
@@ -501,14 +544,26 @@ pub(crate) fn handle_from_fd(d: &DriverShared, context: u64, fd: i32) -> Result<
     }
     let backend = d.backend.as_ref();
     if !backend.shareable_fds_have_identity() {
-        // SAFETY: only inspected; a number that is not open fails.
-        check_received_fd(backend, unsafe { BorrowedFd::borrow_raw(fd) }, 1)?;
-        return Err(Error::UnsupportedFeature(format!(
-            "the {} backend's shareable handles cannot be traced back to their memory from \
-             the fd alone (every one is a descriptor of the same device file); open the \
-             IPC handle itself instead",
-            backend.name()
-        )));
+        // SAFETY: only read (seals, size, bytes); a number that is not open fails.
+        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+        let bytes = backend
+            .read_description(b, crate::semantics::ipc::format::IPC_HANDLE_SIZE)
+            .map_err(|why| {
+                Error::InvalidArgument(format!(
+                    "file descriptor {fd} is not the description of a hetmem IPC export ({why});                      on the {} backend it must be the fd zeMemGetFileDescriptorFromIpcHandleExp                      gave",
+                    backend.name()
+                ))
+            })?;
+        let data: [u8; 64] = bytes.try_into().map_err(|b: Vec<u8>| {
+            Error::InvalidArgument(format!(
+                "file descriptor {fd} holds {} bytes, not the 64 of an IPC handle",
+                b.len()
+            ))
+        })?;
+        let mut h = decode(&IpcHandle { data })?;
+        // The exporter's own export: its handle itself (its put counts it down).
+        h.from_fd = h.pid != own_pid();
+        return Ok(encode(fd, &h));
     }
     // SAFETY: only inspected (identity, checks); a number that is not open fails.
     let b = unsafe { BorrowedFd::borrow_raw(fd) };
@@ -549,6 +604,7 @@ pub(crate) fn handle_from_fd(d: &DriverShared, context: u64, fd: i32) -> Result<
                         pieces: 1,
                         lead: 0,
                         tail: 0,
+                        from_fd: false,
                     },
                 ));
             }
@@ -569,6 +625,7 @@ pub(crate) fn handle_from_fd(d: &DriverShared, context: u64, fd: i32) -> Result<
             pieces: 1,
             lead: 0,
             tail: 0,
+            from_fd: true,
         },
     ))
 }

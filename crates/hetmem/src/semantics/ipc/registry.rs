@@ -67,6 +67,14 @@ pub(crate) struct ExportRec {
     pub(crate) refs: u32,
     /// The handle every get of this export returns.
     pub(crate) handle: IpcHandle,
+    /// On a backend whose shareable fds carry no identity (cuda): the export's description,
+    /// the fd in bytes 0..4 of its handle (a sealed memfd holding the handle with -1 there,
+    /// `crate::semantics::ipc::export::register`); closed with the record, at the last put.
+    #[expect(
+        dead_code,
+        reason = "held, never read: its number is in the handle; dropping it closes it"
+    )]
+    pub(crate) description: Option<OwnedFd>,
 }
 
 /// The exports of this process: by export id, and by what they share ([`Source`]).
