@@ -605,6 +605,14 @@ fn case_8_ipc_of_a_mapping_at_an_offset() {
     loader_suite("cases_ipc8");
 }
 
+/// Case 9 of `shared/cases/level-zero.md`: host USM (plain, cached, uncached; 4 KiB to 8 MiB)
+/// exported with `zeMemGetIpcHandle`, opened in a child that reads the bytes through the
+/// pointer and a queue copy and writes one back.
+#[test]
+fn case_9_ipc_host_usm() {
+    loader_suite("cases_ipc9");
+}
+
 /// Case 11 of `shared/cases/level-zero.md`: FABRIC_ACCESSIBLE handles of device and host USM,
 /// of physical memory (its handle as the pointer) and of a mapped range, opened in a child; a
 /// type the memory was not created with is refused, bits over 0x3 are invalid.

@@ -47,7 +47,6 @@ use proptest::test_runner::Config;
 /// The host backend's base page (unit of map / unmap and of allocation sizes; `World::page`).
 const HOST_PAGE: usize = 64 << 10;
 /// `ze_result_t` of an export of memory the backend cannot share.
-const UNSUPPORTED_FEATURE: u32 = 0x7800_0003;
 /// Pages per reservation of the arena.
 const RES_PAGES: usize = 4;
 /// Reservations in the arena (adjacent).
@@ -69,8 +68,6 @@ struct MAlloc {
     key: Key,
     ptr: usize,
     subs: usize,
-    /// Device (else host) USM.
-    device: bool,
 }
 
 #[derive(Debug)]
@@ -368,7 +365,6 @@ fn step(w: &World, m: &mut Model, op: &Op) -> std::result::Result<(), TestCaseEr
                 key,
                 ptr: p,
                 subs: pages * spp,
-                device,
             });
         }
         Op::CreatePhys { pages } => {
@@ -482,13 +478,6 @@ fn step(w: &World, m: &mut Model, op: &Op) -> std::result::Result<(), TestCaseEr
             let a = &m.allocs[sel % m.allocs.len()];
             // Any byte of the allocation names the whole allocation.
             let p = a.ptr + at % (a.subs * sub);
-            if !a.device && !common::on_host() {
-                // Host USM on cuda (cuMemHostAlloc) has no shareable handle.
-                expect_err(w, UNSUPPORTED_FEATURE, "get of host USM", || {
-                    w.ctx.get_ipc_handle(p)
-                })?;
-                return Ok(());
-            }
             let h = w
                 .ctx
                 .get_ipc_handle(p)

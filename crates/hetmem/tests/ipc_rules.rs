@@ -690,21 +690,11 @@ fn properties_of_an_opened_view_report_the_exported_memory_type() {
         ctx.get_ipc_handle_with_properties(e.ptr, &props).unwrap(),
         hetmem::MemoryType::Device,
     )];
-    if common::part_not_applicable_on(
-        hetmem::BackendKind::Cuda,
-        "the view of exported host USM: host USM on cuda (cuMemHostAlloc) has no shareable \
-         handle, so its export is UNSUPPORTED_FEATURE (checked here instead)",
-    ) {
-        assert_eq!(
-            ctx.get_ipc_handle(host).unwrap_err().ze_result(),
-            0x7800_0003
-        );
-    } else {
-        cases.insert(
-            0,
-            (ctx.get_ipc_handle(host).unwrap(), hetmem::MemoryType::Host),
-        );
-    }
+    // Host USM is exportable on both backends (cuda: cuMemCreate at a host NUMA node, case 9).
+    cases.insert(
+        0,
+        (ctx.get_ipc_handle(host).unwrap(), hetmem::MemoryType::Host),
+    );
     for (h, t) in cases {
         let v = ctx.open_ipc_handle(&h, 0).unwrap();
         let p = ctx.get_allocation_properties(v + K64 / 2).unwrap();

@@ -10,7 +10,8 @@
 //! | unmap | `cuMemUnmap` of each mapping of the range |
 //! | protect | one `cuMemSetAccess` per run of one location (NONE is `CU_MEM_ACCESS_FLAGS_PROT_NONE`) |
 //! | alloc device | `cuMemCreate` + `cuMemAddressReserve` + `cuMemMap` + `cuMemSetAccess` (exportable, unlike `cuMemAlloc`) |
-//! | alloc host / shared | `cuMemHostAlloc(PORTABLE \| DEVICEMAP)` / `cuMemAllocManaged(CU_MEM_ATTACH_GLOBAL)` |
+//! | alloc host | the same at `CU_MEM_LOCATION_TYPE_HOST_NUMA` (the calling thread's node), access for the host and every device: pinned, reachable at the same address from both, and exportable (case 9 of the cases file); where the driver refuses host memory from `cuMemCreate`, `cuMemHostAlloc(PORTABLE \| DEVICEMAP)` from then on (not exportable) |
+//! | alloc shared | `cuMemAllocManaged(CU_MEM_ATTACH_GLOBAL)` |
 //! | register host | `cuMemHostRegister(PORTABLE \| DEVICEMAP [\| READ_ONLY])` / `cuMemHostUnregister` |
 //! | engines | a stream each ([`engine`]) |
 //!
@@ -149,9 +150,9 @@ struct State {
 /// A USM allocation and how to free it.
 #[derive(Debug)]
 enum Alloc {
-    /// Device memory: one allocation of `size` bytes mapped at `addr` in a reservation of its
-    /// own.
-    Device {
+    /// Device memory, or host memory at a host NUMA node: one `cuMemCreate` of `size` bytes
+    /// mapped at `addr` in a reservation of its own (POSIX-fd shareable).
+    Vmm {
         handle: driver::CUmemGenericAllocationHandle,
         addr: usize,
         size: usize,
@@ -214,6 +215,9 @@ pub(crate) struct CudaBackend {
     /// How many allocations were split into granules (see the module docs).
     splits: AtomicU64,
     allocs: Mutex<HashMap<u64, Alloc>>,
+    /// Whether host USM is still made by `cuMemCreate` at a host NUMA node (exportable);
+    /// cleared, for good, the first time the driver refuses (then `cuMemHostAlloc`).
+    host_vmm: std::sync::atomic::AtomicBool,
 }
 
 impl CudaBackend {
@@ -292,6 +296,7 @@ impl CudaBackend {
             state: Mutex::new(State::default()),
             splits: AtomicU64::new(0),
             allocs: Mutex::new(HashMap::new()),
+            host_vmm: std::sync::atomic::AtomicBool::new(true),
         };
         b.bind(0).map_err(e)?;
         Ok(b)
@@ -340,6 +345,42 @@ impl CudaBackend {
             Home::Device(d) => driver::device_location(d),
             Home::HostNuma(n) => driver::host_numa_location(n),
         }
+    }
+
+    /// One `cuMemCreate` of `size` bytes (rounded up to the granule) at `home`, mapped whole
+    /// in a reservation of its own aligned to `align` (at least the granule), read-write for
+    /// every location `home` gives access to: `(handle, address, size)`. Undone on error.
+    fn vmm_alloc(
+        &self,
+        home: Home,
+        size: usize,
+        align: usize,
+    ) -> Result<(driver::CUmemGenericAllocationHandle, usize, usize)> {
+        let size = size.div_ceil(self.granule) * self.granule;
+        let handle = driver::mem_create(size, Self::location(home))?;
+        let addr = match driver::address_reserve(size, align.max(self.granule), 0) {
+            Ok(a) => a,
+            Err(e) => {
+                // SAFETY: made above, never mapped.
+                unsafe { driver::mem_release(handle) };
+                return Err(e);
+            }
+        };
+        // SAFETY: a fresh reservation of the allocation's size.
+        let mapped = unsafe { driver::mem_map(addr, size, handle) }.and_then(|()| {
+            // SAFETY: one whole mapping.
+            unsafe { driver::set_access(addr, size, &self.access(home, Protection::ReadWrite)) }
+        });
+        if let Err(e) = mapped {
+            // SAFETY: undoing the steps above, in reverse.
+            unsafe {
+                driver::mem_unmap(addr, size).ok();
+                driver::address_free(addr, size).ok();
+                driver::mem_release(handle);
+            }
+            return Err(e);
+        }
+        Ok((handle, addr, size))
     }
 
     /// Splits `chunk` (more than one granule) into one allocation per granule: new
@@ -710,42 +751,32 @@ impl Backend for CudaBackend {
         let (addr, alloc) = match location {
             AllocLocation::Device(d) => {
                 self.bind(d)?;
-                let size = size.div_ceil(self.granule) * self.granule;
-                let handle = driver::mem_create(size, driver::device_location(d))?;
-                let addr = match driver::address_reserve(size, align.max(self.granule), 0) {
-                    Ok(a) => a,
-                    Err(e) => {
-                        // SAFETY: made above, never mapped.
-                        unsafe { driver::mem_release(handle) };
-                        return Err(e);
-                    }
-                };
-                // SAFETY: a fresh reservation of the allocation's size.
-                let mapped = unsafe { driver::mem_map(addr, size, handle) }.and_then(|()| {
-                    // SAFETY: one whole mapping.
-                    unsafe {
-                        driver::set_access(
-                            addr,
-                            size,
-                            &self.access(Home::Device(d), Protection::ReadWrite),
-                        )
-                    }
-                });
-                if let Err(e) = mapped {
-                    // SAFETY: undoing the steps above, in reverse.
-                    unsafe {
-                        driver::mem_unmap(addr, size).ok();
-                        driver::address_free(addr, size).ok();
-                        driver::mem_release(handle);
-                    }
-                    return Err(e);
-                }
-                (addr, Alloc::Device { handle, addr, size })
+                let (handle, addr, size) = self.vmm_alloc(Home::Device(d), size, align)?;
+                (addr, Alloc::Vmm { handle, addr, size })
             }
             AllocLocation::Host => {
                 self.bind(0)?;
-                let base = driver::host_alloc(size + align.saturating_sub(4096))?;
-                (base.next_multiple_of(align), Alloc::Host { base })
+                let home = Home::HostNuma(super::platform::current_numa_node());
+                match self.host_vmm.load(Ordering::Relaxed) {
+                    true => match self.vmm_alloc(home, size, align) {
+                        Ok((handle, addr, size)) => (addr, Alloc::Vmm { handle, addr, size }),
+                        Err(HalError::Unsupported(m)) => {
+                            // This driver or system makes no host memory with cuMemCreate:
+                            // cuMemHostAlloc from now on (not exportable).
+                            tracing::warn!(
+                                "host USM falls back to cuMemHostAlloc (not exportable): {m}"
+                            );
+                            self.host_vmm.store(false, Ordering::Relaxed);
+                            let base = driver::host_alloc(size + align.saturating_sub(4096))?;
+                            (base.next_multiple_of(align), Alloc::Host { base })
+                        }
+                        Err(e) => return Err(e),
+                    },
+                    false => {
+                        let base = driver::host_alloc(size + align.saturating_sub(4096))?;
+                        (base.next_multiple_of(align), Alloc::Host { base })
+                    }
+                }
             }
             AllocLocation::Shared(d) => {
                 self.bind(d.unwrap_or(0))?;
@@ -767,7 +798,7 @@ impl Backend for CudaBackend {
         // SAFETY: the caller gives up one live allocation of ours; nothing uses it any more.
         unsafe {
             match a {
-                Alloc::Device { handle, addr, size } => {
+                Alloc::Vmm { handle, addr, size } => {
                     driver::mem_unmap(addr, size).ok();
                     driver::address_free(addr, size).ok();
                     driver::mem_release(handle);
@@ -854,14 +885,19 @@ impl Backend for CudaBackend {
 
     fn export_allocation(&self, raw: RawAllocation) -> Result<Vec<SharedPart>> {
         match self.allocs.lock().get(&raw.0) {
-            Some(Alloc::Device { handle, size, .. }) => Ok(vec![SharedPart {
+            Some(Alloc::Vmm { handle, size, .. }) => Ok(vec![SharedPart {
                 fd: driver::export_fd(*handle)?,
                 size: *size as u64,
             }]),
-            Some(Alloc::Host { .. }) | Some(Alloc::Managed { .. }) => Err(HalError::Unsupported(
-                "host and shared USM memory on the cuda backend (cuMemHostAlloc, \
-                 cuMemAllocManaged) has no shareable handle; only device memory can be \
-                 exported"
+            Some(Alloc::Host { .. }) => Err(HalError::Unsupported(
+                "this host allocation is cuMemHostAlloc memory (the driver made no host memory \
+                 with cuMemCreate at CU_MEM_LOCATION_TYPE_HOST_NUMA), which has no shareable \
+                 handle"
+                    .into(),
+            )),
+            Some(Alloc::Managed { .. }) => Err(HalError::Unsupported(
+                "shared USM memory on the cuda backend (cuMemAllocManaged) has no shareable \
+                 handle; device and host memory can be exported"
                     .into(),
             )),
             None => Err(HalError::Unexpected(format!(
