@@ -11,7 +11,8 @@
 
 static int failures = 0, passes = 0;
 /* The driver setup() found: a failed check prints its last error description through the
- * loader's zeDriverGetLastErrorDescription where the loader has one (1.32; Debian's 1.8 does not). */
+ * loader's zeDriverGetLastErrorDescription where the loader has one (1.32), else the driver's
+ * own from zeDriverGetExtensionFunctionAddress (Debian's 1.8 loader has no slot for it). */
 static ze_driver_handle_t last_error_drv;
 static void print_last_error(void) {
     typedef ze_result_t (*fn_t)(ze_driver_handle_t, const char **);
@@ -20,6 +21,11 @@ static void print_last_error(void) {
     if (!looked) {
         looked = 1;
         fn = (fn_t)dlsym(RTLD_DEFAULT, "zeDriverGetLastErrorDescription");
+        /* a loader without it (1.8): the driver's own, by name */
+        if (!fn && last_error_drv &&
+            zeDriverGetExtensionFunctionAddress(last_error_drv, "zeDriverGetLastErrorDescription",
+                                                (void **)&fn) != ZE_RESULT_SUCCESS)
+            fn = NULL;
     }
     const char *s = NULL;
     if (fn && last_error_drv && fn(last_error_drv, &s) == ZE_RESULT_SUCCESS && s && *s)
