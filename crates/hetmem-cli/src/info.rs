@@ -71,6 +71,12 @@ pub fn run(args: Args) -> Result<(), String> {
             n => println!("sub-devices: {n} per device"),
         },
     }
+    let t = drv.ipc_handle_types();
+    println!(
+        "IPC handle types: {:#x} (DEFAULT{}; a fabric handle opens within this machine as a default one does, no fabric between machines)",
+        t.raw(),
+        if t.contains(hetmem::IpcHandleTypes::FABRIC_ACCESSIBLE) { ", FABRIC_ACCESSIBLE" } else { "" }
+    );
     println!("configuration:");
     println!(
         "  HETMEM_BACKEND={}",

@@ -47,6 +47,15 @@ fn info_prints_backend_driver_devices_page_sizes_and_configuration() {
         "{out}"
     );
     assert!(!line("driver:").trim_end().ends_with("driver:"), "{out}");
+    // Case 11: the handle types the driver offers, as the runtime answers them.
+    let types = line("IPC handle types:");
+    assert!(
+        types.starts_with(&format!(
+            "IPC handle types: {:#x} (DEFAULT, FABRIC_ACCESSIBLE;",
+            drv.ipc_handle_types().raw()
+        )),
+        "{types}"
+    );
     let n = drv.devices().len();
     assert!(line("devices:").ends_with(&format!(" {n}")), "{out}");
     for d in drv.devices() {

@@ -363,6 +363,14 @@ impl Driver {
         crate::semantics::driver::sub_devices_note(&self.shared)
     }
 
+    /// The IPC handle types (`ze_ipc_mem_handle_type_flags_t`) this driver's memory can be
+    /// created with and exported as: DEFAULT and FABRIC_ACCESSIBLE on every backend, a fabric
+    /// handle opening within this machine as a default one does (case 11 of the cases file;
+    /// no fabric between machines).
+    pub fn ipc_handle_types(&self) -> crate::spec::IpcHandleTypes {
+        crate::semantics::ipc::supported_handle_types()
+    }
+
     /// The host-backend settings in force; `None` on another backend.
     pub fn host_config(&self) -> Option<&HostConfig> {
         match self.config() {

@@ -26,6 +26,11 @@ use crate::spec::IpcHandleTypes;
 /// machine, the same handle; see the module docs).
 pub(crate) const SUPPORTED_TYPES: IpcHandleTypes = IpcHandleTypes::ALL;
 
+/// The handle types every backend of this build supports ([`SUPPORTED_TYPES`]).
+pub fn supported_handle_types() -> IpcHandleTypes {
+    SUPPORTED_TYPES
+}
+
 /// Checks handle types chained at the creation of memory (an allocation or a physical object)
 /// against what this build's backends support.
 ///

@@ -42,7 +42,7 @@ pub use crate::spec::{
     IPC_MEMORY_FLAG_BIAS_UNCACHED,
 };
 pub use format::{IpcHandle, DEFAULT_MAX_RANGE_PIECES, IPC_HANDLE_SIZE};
-pub use handle_types::{check_handle_types, check_new_handle_types};
+pub use handle_types::{check_handle_types, check_new_handle_types, supported_handle_types};
 pub(crate) use import::release_context;
 pub use registry::{live_exports, open_views, IpcStats};
 pub(crate) use views::{opened_properties, opened_range, view_overlapping, views, Views};
