@@ -458,9 +458,11 @@ fn host_located(ptr: usize) -> bool {
 }
 
 /// One `cuMemsetD*Async`'s answer `r` for the fill of `size` bytes at `ptr`: reported, unless
-/// the driver refused a fill of host memory, which the host then writes in stream order (a
-/// 4-byte fill of host physical memory, `cuMemCreate` at a host NUMA node, answered UNKNOWN in
-/// case 10 of the cases file on an H200, where the same call over one whole allocation works).
+/// the driver refused a fill of host memory, which the host then writes in stream order. On an
+/// H200 (driver 580) every `cuMemsetD8/D32Async` over a range of host physical memory
+/// (`cuMemCreate` at a host NUMA node) that spans two allocations mapped side by side answers
+/// `CUDA_ERROR_INVALID_VALUE` (one allocation alone is fine, device memory too): case 10 of the
+/// cases file maps host physical memory from an offset, which splits it into granules.
 ///
 /// # Safety
 /// As [`fill`].
