@@ -460,13 +460,27 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// The shareable handles of a physical object, in order: consecutive parts that together
     /// hold the whole object, each an fd owned by the caller with the bytes it holds, valid
-    /// after the object is destroyed (each keeps its memory alive). Every part can be mapped
-    /// by an importer at any page-aligned offset. Used by IPC exports ([`crate::ipc`]).
+    /// after the object is destroyed (each keeps its memory alive). Used by IPC exports
+    /// ([`crate::ipc`]).
     ///
-    /// CUDA: one part per granule (an object still in one allocation is split first, see the
-    /// cuda backend's docs), each `cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)`. Host:
-    /// one part, `fcntl(F_DUPFD_CLOEXEC)` of the memfd.
-    fn export_physical(&self, raw: RawPhysical) -> Result<Vec<SharedPart>>;
+    /// `covered` says what the importer will map. Empty: a physical object's handle, whose
+    /// importer may map any page-aligned piece of any part. Otherwise a range handle's: the
+    /// byte ranges `(offset, len)` of the object (page-aligned, in any order, possibly
+    /// overlapping) that its pieces cover; the caller cuts every piece from these ranges at the
+    /// parts' boundaries and sends only the parts a piece names (the others it closes). A part
+    /// may then have to be mapped whole: only where every covered range that touches it covers
+    /// it entirely, so that every piece cut from it is the whole part.
+    ///
+    /// CUDA: one `cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)` part per allocation of
+    /// the object; an allocation that a piece needs only part of is split into one per granule
+    /// first, and one that a range handle sends whole is never split afterwards (see the cuda
+    /// backend's docs, "IPC"). Host: one part, `fcntl(F_DUPFD_CLOEXEC)` of the memfd
+    /// (`covered` is not needed: a memfd maps at any offset).
+    fn export_physical(
+        &self,
+        raw: RawPhysical,
+        covered: &[(usize, usize)],
+    ) -> Result<Vec<SharedPart>>;
 
     /// The shareable handles of a USM allocation's memory, as [`Backend::export_physical`];
     /// an importer maps each part whole.

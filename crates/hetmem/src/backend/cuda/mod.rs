@@ -33,28 +33,60 @@
 //! chunks takes (3 µs per 2 MiB for a 32 MiB chunk, against about 35 µs for `cuMemCreate` +
 //! `cuMemMap` + `cuMemSetAccess` per 2 MiB). The first operation that needs a *piece* of an
 //! allocation (a map of part of the object, an unmap or a protect of part of a mapping, an
-//! IPC export) **splits** it: one new allocation per granule, the contents copied device to
-//! device (`cuMemcpyDtoD`, after `cuCtxSynchronize` so that no queued work still writes it),
-//! and every mapping of the old allocation re-made over the granules with its protection. A
-//! split costs about one `cuMemCreate` + `cuMemMap` + `cuMemSetAccess` per granule and
-//! happens at most once per allocation; it needs the granules' memory while the copy runs,
-//! so near a full device it can fail with `OutOfDeviceMemory` (then nothing has changed).
-//! After a split every page-aligned range is a run of whole mappings.
+//! IPC export whose importer may map a piece of it: see "IPC") **splits** it: one new
+//! allocation per granule, the contents copied device to device (`cuMemcpyDtoD`, after
+//! `cuCtxSynchronize` so that no queued work still writes it), and every mapping of the old
+//! allocation re-made over the granules with its protection. A split costs about one
+//! `cuMemCreate` + `cuMemMap` + `cuMemSetAccess` per granule and happens at most once per
+//! allocation; it needs the granules' memory while the copy runs, so near a full device it
+//! can fail with `OutOfDeviceMemory` (then nothing has changed). After a split every
+//! page-aligned range is a run of whole mappings.
+//!
+//! An allocation shared with another process (exported whole through an IPC handle, or
+//! imported from one: see "IPC") is never split: the other process maps that very allocation,
+//! and a split would copy it to new allocations that only this process sees, so the two
+//! would silently diverge. An operation that needs a piece of such an allocation (a map of
+//! part of it, an unmap or protect of part of its mapping, a range export of part of it) is
+//! refused with `Unsupported` (`UnsupportedFeature` in the spec) before anything is done
+//! to it (another allocation the same call needed a piece of may already be split, which
+//! keeps its contents and mappings: nothing the caller can see); the allocation can still be
+//! mapped, unmapped, protected and exported whole.
 //!
 //! A split is not atomic for a host thread writing *host* physical memory (`HOST_NUMA`)
 //! through another mapping of the same object while the split runs: such a write can be lost.
 //! Device memory is written only by device work, which the split waits for.
 //!
 //! # IPC
-//! An export gives one `cuMemExportToShareableHandle` fd per allocation (a physical object is
-//! split into granules first, so that an importer can map any piece of it; an allocation
-//! shared with another process is never split again), with its size, which the semantics
-//! layer carries in the broker's answer: the fds are descriptors of `/dev/nvidiactl`, all with
-//! the same `fstat` identity and size 0, so they travel only through the broker and cannot be
-//! traced back to their export ([`Backend::shareable_fds_have_identity`] is false). An import
-//! is `cuMemImportFromShareableHandle` of each fd, its location read back with
-//! `cuMemGetAllocationPropertiesFromHandle`. Host and shared USM memory have no shareable
-//! handle here. Managed memory: [`managed`].
+//! An export gives one `cuMemExportToShareableHandle` fd per allocation of the object, with
+//! its size ([`Backend::export_physical`]). Since an importer too can map an allocation only
+//! whole, which allocations go whole depends on what the handle's importer will map:
+//! - a **physical object's handle** (no covered ranges: its importer may map any piece)
+//!   splits every allocation of more than one granule first, so every part is one granule;
+//!   except an allocation already shared whole, which cannot be split any more: it goes whole,
+//!   and an importer can then map only all of it (a map of a piece of it there is refused, as
+//!   above), which is less surprising than refusing the export;
+//! - a **range handle** gives the runs of the object in the range: an allocation that every
+//!   run touching it covers entirely goes whole (each piece of the handle cut from it is then
+//!   the whole allocation: one import, one `cuMemMap` and one `cuMemSetAccess` at the
+//!   importer instead of one per granule), one that a run covers only in part is split into
+//!   granules (refused if it is shared already), and one no run touches is exported but not
+//!   sent (the semantics layer closes the parts no piece names). A range over PyTorch's
+//!   20 MiB segments, each mapped whole, thus sends one fd per segment, not ten.
+//!
+//! Every allocation an export hands out for a piece is marked shared from then on (an
+//! imported one is shared from the start), so never split afterwards (see above). A handle
+//! whose registration fails after the backend's export leaves its allocations marked
+//! although nothing was sent (the mark is never taken back: the backend cannot know whether
+//! an fd went out).
+//!
+//! The semantics layer carries the parts' sizes in the broker's answer: the fds are
+//! descriptors of `/dev/nvidiactl`, all with the same `fstat` identity and size 0, so they
+//! travel only through the broker and cannot be traced back to their export
+//! ([`Backend::shareable_fds_have_identity`] is false). An import is
+//! `cuMemImportFromShareableHandle` of each fd, its location read back with
+//! `cuMemGetAllocationPropertiesFromHandle`. Shared USM memory (and host USM where the
+//! driver made it with `cuMemHostAlloc`) has no shareable handle here. Managed memory:
+//! [`managed`].
 
 mod driver;
 mod engine;
@@ -82,6 +114,15 @@ enum Home {
     HostNuma(u32),
 }
 
+/// How an allocation came to be shared with another process (see [`Chunk::shared`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shared {
+    /// Exported (its fd handed out by [`Backend::export_physical`] for a piece to map).
+    Exported,
+    /// Imported from another export (`cuMemImportFromShareableHandle`).
+    Imported,
+}
+
 /// One allocation (`cuMemCreate`, or `cuMemImportFromShareableHandle`) of `granules`
 /// granules at `home`. The physical object and every mapping of it hold it (`Arc`); the last
 /// to let go releases it (`cuMemRelease`).
@@ -94,6 +135,11 @@ struct Chunk {
     /// 1 µs) instead of another `cuMemExportToShareableHandle` (about 110 µs per 2 MiB
     /// allocation on an H200).
     exported: std::sync::OnceLock<std::os::fd::OwnedFd>,
+    /// Set, for good, once the allocation is shared with another process: another process
+    /// maps this very allocation, so it is never split ([`CudaBackend::split`] refuses: a
+    /// split would copy it to new allocations that only this process sees). Only an
+    /// allocation of more than one granule can be split at all.
+    shared: std::sync::OnceLock<Shared>,
 }
 
 impl Chunk {
@@ -103,6 +149,7 @@ impl Chunk {
             granules,
             home,
             exported: std::sync::OnceLock::new(),
+            shared: std::sync::OnceLock::new(),
         }
     }
 
@@ -387,10 +434,27 @@ impl CudaBackend {
     /// allocations, the contents copied, every mapping of it re-made over them with its
     /// protection, and the physical object that holds it (if any) given the granules instead.
     /// On error nothing has changed. See the module docs.
+    ///
+    /// Refused with `Unsupported` (nothing done) for an allocation shared with another process
+    /// ([`Chunk::shared`]).
     fn split(&self, st: &mut State, chunk: &Arc<Chunk>) -> Result<()> {
         let g = self.granule;
         let n = chunk.granules;
         let size = n * g;
+        if let Some(&how) = chunk.shared.get() {
+            let how = match how {
+                Shared::Exported => "exported whole through an IPC handle",
+                Shared::Imported => "imported whole from an IPC handle",
+            };
+            return Err(HalError::Unsupported(format!(
+                "a piece of an allocation of {n} granules ({size:#x} bytes) was needed, but \
+                 this allocation is shared whole with another process ({how}); the CUDA \
+                 driver maps an allocation only whole (cuMemMap at offset 0, cuMemUnmap and \
+                 cuMemSetAccess of whole mappings), and splitting it would copy it to \
+                 allocations the other process does not see, so a piece of it can no longer \
+                 be mapped, unmapped, protected or shared alone (only all {size:#x} bytes)"
+            )));
+        }
         let home = chunk.home;
         let device = match home {
             Home::Device(d) => d,
@@ -851,36 +915,57 @@ impl Backend for CudaBackend {
         )?))
     }
 
-    fn export_physical(&self, raw: RawPhysical) -> Result<Vec<SharedPart>> {
+    fn export_physical(
+        &self,
+        raw: RawPhysical,
+        covered: &[(usize, usize)],
+    ) -> Result<Vec<SharedPart>> {
+        let g = self.granule;
         let mut st = self.state.lock();
-        // Granules first, so that an importer can map any piece (an allocation shared with
-        // another process can never be split: its copy would no longer be shared).
-        loop {
-            let whole = st
-                .physical
-                .get(&raw.0)
-                .ok_or_else(|| {
-                    HalError::Unexpected(format!("physical object {} is not known", raw.0))
-                })?
+        // Granules first where an importer may need a piece of an allocation (see
+        // `export_plan`); an allocation already shared cannot be split (its copy would no
+        // longer be shared): a physical object's handle then sends it whole (an importer can
+        // map only all of it), and a range handle that needs a piece of it is refused by
+        // `split`.
+        let plan = loop {
+            let p = st.physical.get(&raw.0).ok_or_else(|| {
+                HalError::Unexpected(format!("physical object {} is not known", raw.0))
+            })?;
+            let sizes: Vec<usize> = p.chunks.iter().map(|c| c.granules * g).collect();
+            let plan = export_plan(&sizes, covered);
+            let next = p
                 .chunks
                 .iter()
-                .find(|c| c.granules > 1)
-                .cloned();
-            match whole {
+                .zip(&plan)
+                .find(|(c, &e)| {
+                    e == ChunkExport::Granules
+                        && c.granules > 1
+                        && !(covered.is_empty() && c.shared.get().is_some())
+                })
+                .map(|(c, _)| c.clone());
+            match next {
                 Some(c) => self.split(&mut st, &c)?,
-                None => break,
+                None => break plan,
             }
-        }
-        st.physical[&raw.0]
-            .chunks
+        };
+        let chunks = &st.physical[&raw.0].chunks;
+        let parts = chunks
             .iter()
             .map(|c| {
                 Ok(SharedPart {
                     fd: c.export()?,
-                    size: self.granule as u64,
+                    size: (c.granules * g) as u64,
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        // Every part a piece will name goes to another process: never split from now on. (A
+        // part that no covered range touches is closed unsent by the caller.)
+        for (c, e) in chunks.iter().zip(plan) {
+            if e != ChunkExport::Unused {
+                let _ = c.shared.set(Shared::Exported);
+            }
+        }
+        Ok(parts)
     }
 
     fn export_allocation(&self, raw: RawAllocation) -> Result<Vec<SharedPart>> {
@@ -934,7 +1019,10 @@ impl Backend for CudaBackend {
             } else {
                 Home::HostNuma(loc.id.max(0) as u32)
             };
-            chunks.push(Arc::new(chunk(home)));
+            let chunk = chunk(home);
+            // Another process maps this allocation (its exporter, at least): never split.
+            let _ = chunk.shared.set(Shared::Imported);
+            chunks.push(Arc::new(chunk));
         }
         let home = chunks.first().map_or(Home::Device(0), |c| c.home);
         let id = self.id();
@@ -981,3 +1069,113 @@ impl Backend for CudaBackend {
 
 /// The major number of the NVIDIA character devices (`/dev/nvidiactl`, `/dev/nvidia0`, ...).
 const NVIDIA_MAJOR: u32 = 195;
+
+/// How [`Backend::export_physical`] hands out one allocation of a physical object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChunkExport {
+    /// An importer may map a piece of it: one part per granule (split first).
+    Granules,
+    /// Every piece cut from it is all of it: one part, the allocation whole (then shared).
+    Whole,
+    /// No piece is cut from it: one part, the allocation whole, which the caller closes
+    /// unsent (so it is not shared).
+    Unused,
+}
+
+/// What an export does with each allocation of an object tiled by allocations of
+/// `chunk_sizes` bytes (in order), given the byte ranges `(offset, len)` of the object that
+/// the handle's pieces cover (see [`Backend::export_physical`]). No ranges (a physical object's
+/// handle, whose importer may map any piece): every allocation in granules. Otherwise an
+/// allocation is sent whole where every range that touches it covers it entirely (every piece
+/// cut from it at its bounds is then the whole allocation, which is all `cuMemMap` maps), in
+/// granules where a range covers only part of it, and is unused where no range touches it.
+fn export_plan(chunk_sizes: &[usize], covered: &[(usize, usize)]) -> Vec<ChunkExport> {
+    let mut at = 0;
+    chunk_sizes
+        .iter()
+        .map(|&size| {
+            let (s, e) = (at, at + size);
+            at = e;
+            if covered.is_empty() {
+                return ChunkExport::Granules;
+            }
+            let mut touched = false;
+            for &(o, l) in covered {
+                if l == 0 || o >= e || o + l <= s {
+                    continue;
+                }
+                if o > s || o + l < e {
+                    return ChunkExport::Granules;
+                }
+                touched = true;
+            }
+            if touched {
+                ChunkExport::Whole
+            } else {
+                ChunkExport::Unused
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{export_plan, ChunkExport::*};
+
+    const G: usize = 2 << 20;
+
+    #[test]
+    fn a_physical_handle_sends_every_allocation_in_granules() {
+        assert_eq!(export_plan(&[10 * G], &[]), [Granules]);
+        assert_eq!(export_plan(&[G, 3 * G], &[]), [Granules, Granules]);
+    }
+
+    #[test]
+    fn a_range_over_whole_allocations_sends_them_whole() {
+        // One object of one 20 MiB allocation (a PyTorch segment), mapped and shared whole.
+        assert_eq!(export_plan(&[10 * G], &[(0, 10 * G)]), [Whole]);
+        // An object already in three allocations, all covered by one run.
+        assert_eq!(
+            export_plan(&[2 * G, G, 3 * G], &[(0, 6 * G)]),
+            [Whole, Whole, Whole]
+        );
+    }
+
+    #[test]
+    fn a_range_over_part_of_an_allocation_needs_its_granules() {
+        assert_eq!(export_plan(&[10 * G], &[(0, 4 * G)]), [Granules]);
+        assert_eq!(export_plan(&[10 * G], &[(2 * G, 8 * G)]), [Granules]);
+        assert_eq!(export_plan(&[10 * G], &[(2 * G, 2 * G)]), [Granules]);
+        // One run ends inside the second allocation: the first goes whole, the third unused.
+        assert_eq!(
+            export_plan(&[2 * G, 2 * G, 2 * G], &[(0, 3 * G)]),
+            [Whole, Granules, Unused]
+        );
+    }
+
+    #[test]
+    fn every_run_that_touches_an_allocation_must_cover_it_whole() {
+        // Two runs, each one allocation whole (mapped twice, or in two places of the range).
+        assert_eq!(
+            export_plan(&[2 * G, 2 * G, 2 * G], &[(4 * G, 2 * G), (0, 2 * G)]),
+            [Whole, Unused, Whole]
+        );
+        // The same allocation twice, once whole and once in part: granules.
+        assert_eq!(export_plan(&[4 * G], &[(0, 4 * G), (G, G)]), [Granules]);
+        // Overlapping runs that each cover it whole.
+        assert_eq!(export_plan(&[4 * G], &[(0, 4 * G), (0, 4 * G)]), [Whole]);
+    }
+
+    #[test]
+    fn a_run_spanning_two_allocations_wholly_sends_both_whole() {
+        assert_eq!(
+            export_plan(&[G, 3 * G, 2 * G], &[(G, 5 * G)]),
+            [Unused, Whole, Whole]
+        );
+        // Two runs of two allocations each, meeting in the middle one: all whole.
+        assert_eq!(
+            export_plan(&[G, G, G], &[(0, 2 * G), (G, 2 * G)]),
+            [Whole, Whole, Whole]
+        );
+    }
+}

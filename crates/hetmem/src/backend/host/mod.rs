@@ -507,7 +507,11 @@ impl Backend for HostBackend {
         )?))
     }
 
-    fn export_physical(&self, raw: RawPhysical) -> Result<Vec<SharedPart>> {
+    fn export_physical(
+        &self,
+        raw: RawPhysical,
+        _covered: &[(usize, usize)],
+    ) -> Result<Vec<SharedPart>> {
         // SAFETY: the fd is alive while the semantics layer holds the object (it holds its lock).
         Ok(vec![memfd_part(
             unsafe { BorrowedFd::borrow_raw(raw.0 as i32) },

@@ -42,7 +42,7 @@ use crate::backend::ipc::{AsFd, OwnedFd};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::backend::{PhysicalLocation, SharedPart};
+use crate::backend::{PhysicalLocation, RawPhysical, SharedPart};
 use crate::error::{Addr, Error, Result};
 use crate::semantics::capacity::Charge;
 use crate::semantics::checks::null_check;
@@ -216,7 +216,8 @@ fn export_physical(
     if let Some(h) = EXPORTS.lock().reuse(source) {
         return Ok(h);
     }
-    let parts = d.backend.export_physical(raw)?;
+    // No covered ranges: the importer may map any piece of the object.
+    let parts = d.backend.export_physical(raw, &[])?;
     let capacity = vm.physical_charge(id).into_iter().collect();
     drop(vm);
     let pieces = whole_pieces(&parts, size as u64);
@@ -330,52 +331,63 @@ fn range_of(
             runs.len()
         )));
     }
-    // Each object is exported once, as parts (one on the host, one per granule on a GPU);
-    // `index` maps it to its first part and its parts' sizes.
-    let mut index: HashMap<u64, (u32, std::ops::Range<usize>)> = HashMap::new();
+    // The objects in order of first appearance, each with every run of it in the range:
+    // checked first (nothing is exported unless all pass), then each exported once with its
+    // runs, which tell the backend what the importer will map (on a GPU an allocation that
+    // every run touching it covers whole travels whole, else as one part per granule).
     let mut mem = MemoryType::Device;
+    let mut objects: Vec<(u64, RawPhysical)> = Vec::new();
+    let mut covered: Vec<Vec<(usize, usize)>> = Vec::new();
+    let mut at: HashMap<u64, usize> = HashMap::new();
+    for &(phys, offset, len) in &runs {
+        if let Some(&i) = at.get(&phys) {
+            covered[i].push((offset, len));
+            continue;
+        }
+        let raw = match vm.physical_raw(phys) {
+            Some((raw, _, ctx, loc)) if ctx == context => {
+                if objects.is_empty() {
+                    mem = location_type(loc);
+                }
+                raw
+            }
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "IPC range [{}, {}) maps physical memory {phys} of another context",
+                    Addr(ptr),
+                    Addr(end)
+                )))
+            }
+        };
+        check_asked(asked, vm.physical_ipc_types(phys)).map_err(|e| {
+            Error::UnsupportedFeature(format!(
+                "IPC range [{}, {}) maps physical memory {phys}: {}",
+                Addr(ptr),
+                Addr(end),
+                e.message()
+            ))
+        })?;
+        at.insert(phys, objects.len());
+        objects.push((phys, raw));
+        covered.push(vec![(offset, len)]);
+    }
+    // `index` maps each object to its first part and its parts' sizes.
+    let mut index: HashMap<u64, (u32, std::ops::Range<usize>)> = HashMap::new();
     let mut parts: Vec<crate::backend::SharedPart> = Vec::new();
     let mut part_sizes: Vec<u64> = Vec::new();
     let mut capacity = Vec::new();
+    for (&(phys, raw), covered) in objects.iter().zip(&covered) {
+        let exported = d.backend.export_physical(raw, covered)?;
+        capacity.extend(vm.physical_charge(phys));
+        let first = parts.len() as u32;
+        let sizes = part_sizes.len()..part_sizes.len() + exported.len();
+        part_sizes.extend(exported.iter().map(|p| p.size));
+        parts.extend(exported);
+        index.insert(phys, (first, sizes));
+    }
     let mut pieces = Vec::with_capacity(runs.len());
     for (phys, offset, len) in runs {
-        let (first, sizes) = match index.get(&phys) {
-            Some(x) => x.clone(),
-            None => {
-                let raw = match vm.physical_raw(phys) {
-                    Some((raw, _, ctx, loc)) if ctx == context => {
-                        if parts.is_empty() {
-                            mem = location_type(loc);
-                        }
-                        raw
-                    }
-                    _ => {
-                        return Err(Error::InvalidArgument(format!(
-                            "IPC range [{}, {}) maps physical memory {phys} of another \
-                             context",
-                            Addr(ptr),
-                            Addr(end)
-                        )))
-                    }
-                };
-                check_asked(asked, vm.physical_ipc_types(phys)).map_err(|e| {
-                    Error::UnsupportedFeature(format!(
-                        "IPC range [{}, {}) maps physical memory {phys}: {}",
-                        Addr(ptr),
-                        Addr(end),
-                        e.message()
-                    ))
-                })?;
-                let exported = d.backend.export_physical(raw)?;
-                capacity.extend(vm.physical_charge(phys));
-                let first = parts.len() as u32;
-                let sizes = part_sizes.len()..part_sizes.len() + exported.len();
-                part_sizes.extend(exported.iter().map(|p| p.size));
-                parts.extend(exported);
-                index.insert(phys, (first, sizes.clone()));
-                (first, sizes)
-            }
-        };
+        let (first, sizes) = index[&phys].clone();
         pieces.extend(run_pieces(
             &part_sizes[sizes],
             first,

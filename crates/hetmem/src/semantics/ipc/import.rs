@@ -23,8 +23,9 @@
 //!   the piece list, and the size of the memory behind each fd).
 //! - **Parts**: the backend exports memory as one or more parts
 //!   ([`crate::backend::Backend::export_physical`]): the host one memfd per allocation or
-//!   object, the cuda backend one `cuMemExportToShareableHandle` fd per granule (one per
-//!   allocation for device USM memory). Pieces name parts, and the broker's answer gives each
+//!   object, the cuda backend one `cuMemExportToShareableHandle` fd per allocation of the
+//!   object (per granule where an importer may map a piece of one) or of the USM memory.
+//!   Pieces name parts, and the broker's answer gives each
 //!   part's size, since a CUDA fd (a descriptor of `/dev/nvidiactl`) has no size or identity
 //!   of its own; on such a backend every open goes through the broker (or the export table,
 //!   in the exporting process), never the fd transport.
@@ -164,7 +165,8 @@ pub(crate) fn material(
     }
     // The answer is bounded by what the handle claims (a refusal's message by 4 KiB): at most
     // one piece (and one part) per page of the view, and for a range at least its runs (the
-    // exporter's backend may cut runs at its parts' boundaries: one per granule on a GPU).
+    // exporter's backend may cut runs at its parts' boundaries: at most one per granule on
+    // a GPU).
     let page = mapping_granularity(backend) as u64;
     let per_page = h.size.div_ceil(page) as usize;
     let pieces = if h.kind == IpcHandleKind::Range {
