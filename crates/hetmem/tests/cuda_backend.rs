@@ -765,6 +765,154 @@ fn ipc_between_two_processes_shares_gpu_memory() {
     ctx.free_reservation(r).unwrap();
 }
 
+/// The variable that makes a run of [`a_range_over_whole_allocations_shares_them_whole`] the
+/// importer: hex of the handles' bytes (the range, then the physical object).
+const IPC_WHOLE_CHILD: &str = "HETMEM_CUDA_IPC_WHOLE_CHILD";
+
+/// The importer's side of [`a_range_over_whole_allocations_shares_them_whole`]: opens the
+/// range (five pages over two objects, each one allocation) and checks the exporter's bytes,
+/// writes into page 1; imports the physical object handle (three pages, sent as one
+/// allocation), maps it whole and checks it, and is refused a map of one page of it.
+fn ipc_whole_importer(handles: &str) {
+    let rt = cuda("ipc whole importer").expect("the exporter found a GPU");
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device_ref(0).unwrap();
+    let page = ctx.query_page_size(dev, 1).unwrap();
+    let b = unhex(handles);
+    let h = |i: usize| hetmem::IpcHandle::from_bytes(b[64 * i..64 * (i + 1)].try_into().unwrap());
+    let view = ctx.open_ipc_handle(&h(0), 0).unwrap();
+    for i in 0..5u8 {
+        assert_eq!(
+            read_back(&ctx, &rt, view + i as usize * page + page - 8, 8),
+            [0x31 + i; 8],
+            "range view page {i}"
+        );
+    }
+    fill(&ctx, &rt, view + page, &[0x99], 64);
+    ctx.close_ipc_handle(view).unwrap();
+    let phys = ctx.import_physical_memory(&h(1), dev).unwrap();
+    let r = ctx.reserve(None, 3 * page).unwrap();
+    // A piece of an allocation received whole cannot be mapped alone.
+    let e = ctx
+        .map(r.base, page, phys, page, AccessAttribute::ReadWrite)
+        .unwrap_err();
+    assert!(matches!(e, Error::UnsupportedFeature(_)), "{e:?}");
+    assert!(e.message().contains("imported whole"), "{e}");
+    ctx.map(r.base, 3 * page, phys, 0, AccessAttribute::ReadWrite)
+        .unwrap();
+    assert_eq!(read_back(&ctx, &rt, r.base + 2 * page, 8), [0x33; 8]);
+    ctx.unmap(r.base, 3 * page).unwrap();
+    ctx.destroy_physical_memory(phys).unwrap();
+    ctx.free_reservation(r).unwrap();
+}
+
+/// A range handle over physical objects each mapped whole sends each allocation whole (no
+/// split into granules), and an allocation so shared is never split afterwards: a piece of it
+/// can no longer be unmapped, protected or shared alone (`UnsupportedFeature`, nothing
+/// changed), a physical object handle of it sends it whole, and the importer's writes land in
+/// the exporter's memory (the two processes still share one allocation).
+#[test]
+fn a_range_over_whole_allocations_shares_them_whole() {
+    if let Ok(handles) = std::env::var(IPC_WHOLE_CHILD) {
+        ipc_whole_importer(&handles);
+        return;
+    }
+    let Some(rt) = cuda("a range over whole allocations") else {
+        return;
+    };
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device_ref(0).unwrap();
+    let page = ctx.query_page_size(dev, 1).unwrap();
+    let r = ctx.reserve(None, 5 * page).unwrap();
+    let a = ctx
+        .create_physical_memory(Some(dev), PhysicalMemoryFlags::AllocateOnDevice, 3 * page)
+        .unwrap();
+    let b = ctx
+        .create_physical_memory(Some(dev), PhysicalMemoryFlags::AllocateOnDevice, 2 * page)
+        .unwrap();
+    ctx.map(r.base, 3 * page, a, 0, AccessAttribute::ReadWrite)
+        .unwrap();
+    ctx.map(
+        r.base + 3 * page,
+        2 * page,
+        b,
+        0,
+        AccessAttribute::ReadWrite,
+    )
+    .unwrap();
+    for i in 0..5u8 {
+        fill(&ctx, &rt, r.base + i as usize * page, &[0x31 + i], page);
+    }
+    let range = ctx
+        .get_ipc_handle_with_properties(
+            r.base,
+            &hetmem::IpcProperties {
+                range_size: Some(5 * page),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    // `a` went whole: a piece of its mapping cannot be unmapped or protected any more, and a
+    // range of a piece of it cannot be exported; nothing changed.
+    let e = ctx.unmap(r.base + page, page).unwrap_err();
+    assert!(matches!(e, Error::UnsupportedFeature(_)), "{e:?}");
+    assert!(e.message().contains("shared whole"), "{e}");
+    let e = ctx
+        .set_access_attribute(r.base + page, page, AccessAttribute::ReadOnly)
+        .unwrap_err();
+    assert!(matches!(e, Error::UnsupportedFeature(_)), "{e:?}");
+    let e = ctx
+        .get_ipc_handle_with_properties(
+            r.base + page,
+            &hetmem::IpcProperties {
+                range_size: Some(page),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::UnsupportedFeature(_)), "{e:?}");
+    for i in 0..5u8 {
+        assert_eq!(
+            read_back(&ctx, &rt, r.base + i as usize * page + page - 8, 8),
+            [0x31 + i; 8],
+            "page {i} after the refusals"
+        );
+    }
+    // Its physical object handle sends it whole too (its importer maps only all of it).
+    let ph = ctx.get_physical_memory_ipc_handle(a, None).unwrap();
+    let handles = [range, ph]
+        .iter()
+        .map(|h| hex(h.as_bytes()))
+        .collect::<String>();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_range_over_whole_allocations_shares_them_whole",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(IPC_WHOLE_CHILD, handles)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the importer failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The importer's write through its view is in our memory.
+    assert_eq!(read_back(&ctx, &rt, r.base + page, 64), [0x99; 64]);
+    assert_eq!(read_back(&ctx, &rt, r.base + page + 64, 8), [0x32; 8]);
+    for h in [range, ph] {
+        ctx.put_ipc_handle(&h).unwrap();
+    }
+    // Whole, everything still works.
+    ctx.unmap(r.base, 5 * page).unwrap();
+    ctx.destroy_physical_memory(a).unwrap();
+    ctx.destroy_physical_memory(b).unwrap();
+    ctx.free_reservation(r).unwrap();
+}
+
 /// ACL's host-synchronous `aclrtMemset` / `aclrtMemcpy` (`Context::host_memset` /
 /// `host_memcpy`) on GPU memory the host cannot reach: the device fills and copies, from and to
 /// plain (pageable) host memory; a side the driver does not know, or a READONLY page as the
