@@ -9,12 +9,18 @@
 //!   each mapped whole; each step's figure is ns per 1 GiB (1 call for reserve and release, 32
 //!   for the others).
 //!
-//! Each step runs all its calls back to back, timed as one block. Every round runs the same
-//! work through the library's C entry points, through hetmem's Rust API (the same calls the
-//! library makes), and on the cuda backend through the bare CUDA driver calls
-//! (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap` + `cuMemSetAccess`, `cuMemUnmap`,
-//! `cuMemRelease`, `cuMemAddressFree`: what hetmem's cuda backend calls for these steps); the
-//! order of the sides turns round by round; the median round counts.
+//! Every round runs the same work through the library's C entry points and through hetmem's
+//! Rust API (the same calls the library makes) **call by call, interleaved**: call `i` of a
+//! step through C, then call `i` through Rust (the other way round for odd `i` and odd
+//! rounds), each call timed alone, so both sides meet the same driver and kernel state (the
+//! other side's objects of the step live beside their own). Timing each side as one block of
+//! calls instead made the C side look 300-500 ns slower per reserve, unmap and release on an
+//! H200 although the library's own code there costs about 35 ns a call (a profile of a tight
+//! reserve + release loop through `libascendcl.so`, see the crate docs); where the blocks ran
+//! in turn, each side met the driver state the other had left. On the cuda backend the bare
+//! CUDA driver calls (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap` + `cuMemSetAccess`,
+//! `cuMemUnmap`, `cuMemRelease`, `cuMemAddressFree`: what hetmem's cuda backend calls for
+//! these steps) run too, as one block per step in their own turn; the median round counts.
 //!
 //! Rows: `acl_vmm_<step>_<shape>` (C over Rust; target: at most 150 ns added per C call, its
 //! JSON fields `<key>_added_ns_per_call` and `<key>_added_noise_ns_per_call`, the interquartile
@@ -115,6 +121,93 @@ fn round<S: Side>(s: &S, sh: Shape) -> Result<[f64; 6], String> {
         s.release(va, sh.reserve)?;
     }
     out[5] = per(t);
+    Ok(out)
+}
+
+/// One round of the six steps through two sides at once, call by call (see the module docs):
+/// ns per region for each side and step. `flip`: `b` goes first on even calls.
+fn paired<A: Side, B: Side>(a: &A, b: &B, sh: Shape, flip: bool) -> Result<[[f64; 6]; 2], String> {
+    let k = sh.per_region();
+    let (mut va_a, mut va_b) = (
+        Vec::with_capacity(sh.regions),
+        Vec::with_capacity(sh.regions),
+    );
+    let (mut ph_a, mut ph_b) = (Vec::new(), Vec::new());
+    let mut out = [[0.0f64; 6]; 2];
+    // Runs call `i` of step `st` on both sides, each timed alone, in the order of the turn.
+    let mut both = |st: usize,
+                    i: usize,
+                    fa: &mut dyn FnMut() -> Result<(), String>,
+                    fb: &mut dyn FnMut() -> Result<(), String>|
+     -> Result<(), String> {
+        let a_first = (i % 2 == 0) != flip;
+        for turn in 0..2 {
+            let side = if (turn == 0) == a_first { 0 } else { 1 };
+            let t = Instant::now();
+            if side == 0 {
+                fa()?
+            } else {
+                fb()?
+            }
+            out[side][st] += t.elapsed().as_nanos() as f64;
+        }
+        Ok(())
+    };
+    for i in 0..sh.regions {
+        both(
+            0,
+            i,
+            &mut || a.reserve(sh.reserve).map(|v| va_a.push(v)),
+            &mut || b.reserve(sh.reserve).map(|v| va_b.push(v)),
+        )?;
+    }
+    for i in 0..sh.regions * k {
+        both(
+            1,
+            i,
+            &mut || a.create(sh.chunk).map(|p| ph_a.push(p)),
+            &mut || b.create(sh.chunk).map(|p| ph_b.push(p)),
+        )?;
+    }
+    let at = |base: usize, i: usize| base + (i % k) * sh.chunk;
+    for i in 0..sh.regions * k {
+        let (aa, ab) = (at(A::base(&va_a[i / k]), i), at(B::base(&va_b[i / k]), i));
+        both(2, i, &mut || a.map(aa, sh.chunk, &ph_a[i]), &mut || {
+            b.map(ab, sh.chunk, &ph_b[i])
+        })?;
+    }
+    for i in 0..sh.regions * k {
+        let (aa, ab) = (at(A::base(&va_a[i / k]), i), at(B::base(&va_b[i / k]), i));
+        both(3, i, &mut || a.unmap(aa, sh.chunk), &mut || {
+            b.unmap(ab, sh.chunk)
+        })?;
+    }
+    let (mut pa, mut pb) = (ph_a.into_iter(), ph_b.into_iter());
+    for i in 0..sh.regions * k {
+        let (x, y) = (pa.next().expect("one each"), pb.next().expect("one each"));
+        let (mut x, mut y) = (Some(x), Some(y));
+        both(
+            4,
+            i,
+            &mut || a.destroy(x.take().expect("once")),
+            &mut || b.destroy(y.take().expect("once")),
+        )?;
+    }
+    let (mut ra, mut rb) = (va_a.into_iter(), va_b.into_iter());
+    for i in 0..sh.regions {
+        let (mut x, mut y) = (ra.next(), rb.next());
+        both(
+            5,
+            i,
+            &mut || a.release(x.take().expect("once"), sh.reserve),
+            &mut || b.release(y.take().expect("once"), sh.reserve),
+        )?;
+    }
+    for side in &mut out {
+        for v in side.iter_mut() {
+            *v /= sh.regions as f64;
+        }
+    }
     Ok(out)
 }
 
@@ -339,14 +432,19 @@ pub fn rows(
         // figures[side][step]: one value per counted round.
         let mut figures = vec![vec![Vec::new(); 6]; sides];
         for rd in 0..=rounds {
-            for j in 0..sides {
-                let side = (rd + j) % sides;
-                let f = match side {
-                    0 => round(&c, sh)?,
-                    1 => round(&rust, sh)?,
-                    _ => round(&drv, sh)?,
-                };
-                if rd > 0 {
+            // The driver's block goes before or after the interleaved pair, turn by turn.
+            let mut got: Vec<(usize, [f64; 6])> = Vec::with_capacity(sides);
+            for j in 0..sides - 1 {
+                if j == rd % (sides - 1) {
+                    let [fc, fr] = paired(&c, &rust, sh, rd % 2 == 1)?;
+                    got.push((0, fc));
+                    got.push((1, fr));
+                } else {
+                    got.push((2, round(&drv, sh)?));
+                }
+            }
+            if rd > 0 {
+                for (side, f) in got {
                     for (st, v) in f.into_iter().enumerate() {
                         figures[side][st].push(v);
                     }
