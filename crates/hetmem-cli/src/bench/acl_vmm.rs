@@ -140,7 +140,7 @@ fn paired<A: Side, B: Side>(a: &A, b: &B, sh: Shape, flip: bool) -> Result<[[f64
                     fa: &mut dyn FnMut() -> Result<(), String>,
                     fb: &mut dyn FnMut() -> Result<(), String>|
      -> Result<(), String> {
-        let a_first = (i % 2 == 0) != flip;
+        let a_first = i.is_multiple_of(2) != flip;
         for turn in 0..2 {
             let side = if (turn == 0) == a_first { 0 } else { 1 };
             let t = Instant::now();
