@@ -8,10 +8,7 @@
 //! there (as CUDA's `cuMemRetainAllocationHandle` answers): each retain is one more
 //! `aclrtFreePhysical` the handle takes before the physical memory goes.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 
 use crate::state::{self, Ctx};
 use crate::vmm::AclPhysicalMemProp;
@@ -39,46 +36,6 @@ pub struct AclMemLocation {
     pub id: u32,
     /// `type`.
     pub ty: u32,
-}
-
-/// Per physical handle: the retains not yet freed, and the properties it was made with.
-#[derive(Debug, Default)]
-struct HandleInfo {
-    retains: usize,
-    prop: Option<AclPhysicalMemProp>,
-}
-
-static HANDLES: Mutex<Option<HashMap<usize, HandleInfo>>> = Mutex::new(None);
-
-/// Records the properties physical handle `h` was made with (`aclrtMallocPhysical`) or imported
-/// as (`aclrtMemImportFromShareableHandle`).
-pub(crate) fn remember_prop(h: usize, prop: AclPhysicalMemProp) {
-    HANDLES
-        .lock()
-        .get_or_insert_with(HashMap::new)
-        .entry(h)
-        .or_default()
-        .prop = Some(prop);
-}
-
-/// `aclrtFreePhysical` of `h`: true if it only gave back a retain (the memory stays).
-pub(crate) fn release_retain(h: usize) -> bool {
-    let mut m = HANDLES.lock();
-    let Some(i) = m.as_mut().and_then(|m| m.get_mut(&h)) else {
-        return false;
-    };
-    if i.retains > 0 {
-        i.retains -= 1;
-        return true;
-    }
-    false
-}
-
-/// Forgets handle `h` (its memory went).
-pub(crate) fn forget(h: usize) {
-    if let Some(m) = HANDLES.lock().as_mut() {
-        m.remove(&h);
-    }
 }
 
 /// The context of the reservation holding `va`.
@@ -214,24 +171,18 @@ pub unsafe extern "C" fn aclrtMemRetainAllocationHandle(
         let c = reservation_ctx(&g, va)?;
         let mem = c.ctx.physical_memory_at(va)?;
         let h = {
-            let found = g
-                .reg
-                .lock()
-                .all::<crate::vmm::Phys>()
-                .find(|p| p.mem == mem)
-                .map(|p| p.handle);
-            found.ok_or_else(|| {
+            let reg = g.reg.lock();
+            let found = reg.all::<crate::vmm::Phys>().find(|p| p.mem == mem);
+            let p = found.ok_or_else(|| {
                 Fail::from(hetmem::Error::InvalidArgument(format!(
                     "the physical memory mapped at {va:#x} has no handle of this library"
                 )))
-            })?
+            })?;
+            // Counted under the registry lock: a concurrent aclrtFreePhysical of the last
+            // reference either sees this retain or has taken the handle out already.
+            p.retains.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            p.handle
         };
-        HANDLES
-            .lock()
-            .get_or_insert_with(HashMap::new)
-            .entry(h)
-            .or_default()
-            .retains += 1;
         // SAFETY: non-null out-pointer.
         unsafe { out(handle, h as *mut libc::c_void) };
         Ok(())
@@ -254,14 +205,7 @@ pub unsafe extern "C" fn aclrtMemGetAllocationPropertiesFromHandle(
         if prop.is_null() {
             return Err(null("prop"));
         }
-        let h = handle as usize;
-        g.phys(h)?;
-        let p = HANDLES
-            .lock()
-            .as_ref()
-            .and_then(|m| m.get(&h))
-            .and_then(|i| i.prop)
-            .ok_or_else(|| state::bad_handle("physical memory handle", h))?;
+        let p = g.phys(handle as usize)?.prop;
         // SAFETY: non-null out-pointer.
         unsafe { out(prop, p) };
         Ok(())

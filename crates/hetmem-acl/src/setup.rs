@@ -86,9 +86,6 @@ pub(crate) fn teardown(mut reg: Registry) {
     for c in reg.contexts.values() {
         c.ctx.acl_ipc_forget_keys();
     }
-    for p in reg.all::<crate::vmm::Phys>() {
-        crate::access::forget(p.handle);
-    }
     for o in reg.objects.values() {
         o.quiesce();
     }

@@ -70,6 +70,14 @@ pub struct Phys {
     pub ctx: Arc<Ctx>,
     /// The hetmem physical memory object.
     pub mem: hetmem::PhysicalMemory,
+    /// The properties it was made with (`aclrtMallocPhysical`) or imported as
+    /// (`aclrtMemImportFromShareableHandle`): `aclrtMemGetAllocationPropertiesFromHandle`.
+    pub prop: AclPhysicalMemProp,
+    /// Retains (`aclrtMemRetainAllocationHandle`) not yet given back: each is one more
+    /// `aclrtFreePhysical` the handle takes before its memory goes.
+    pub retains: std::sync::atomic::AtomicUsize,
+    /// Set once its export has been ended (so that the drop does not end it again).
+    unexported: std::sync::atomic::AtomicBool,
 }
 
 impl state::Object for Phys {
@@ -91,9 +99,14 @@ impl state::Global {
 }
 
 impl Phys {
-    /// Ends the export, if any (importers keep what they imported).
+    /// Ends the export, if any (importers keep what they imported); once.
     pub fn unexport(&self) {
-        self.ctx.ctx.acl_unexport_shareable(self.mem);
+        if !self
+            .unexported
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            self.ctx.ctx.acl_unexport_shareable(self.mem);
+        }
     }
 }
 
@@ -270,15 +283,19 @@ pub unsafe extern "C" fn aclrtMallocPhysical(
                 size,
             )?,
         };
-        let h = register(&g, c, mem);
-        crate::access::remember_prop(h, p);
+        let h = register(&g, c, mem, p);
         // SAFETY: non-null out-pointer.
         unsafe { out(handle, h as *mut libc::c_void) };
         Ok(())
     })
 }
 
-fn register(g: &state::Global, ctx: Arc<Ctx>, mem: hetmem::PhysicalMemory) -> usize {
+fn register(
+    g: &state::Global,
+    ctx: Arc<Ctx>,
+    mem: hetmem::PhysicalMemory,
+    prop: AclPhysicalMemProp,
+) -> usize {
     let h = state::fresh_handle(4);
     g.reg.lock().objects.insert(
         h,
@@ -286,6 +303,9 @@ fn register(g: &state::Global, ctx: Arc<Ctx>, mem: hetmem::PhysicalMemory) -> us
             handle: h,
             ctx,
             mem,
+            prop,
+            retains: Default::default(),
+            unexported: Default::default(),
         }),
     );
     h
@@ -302,11 +322,16 @@ pub extern "C" fn aclrtFreePhysical(handle: *mut libc::c_void) -> AclError {
         let g = state::fast_global()?;
         let h = handle as usize;
         let p = g.phys(h)?;
-        if crate::access::release_retain(h) {
-            return Ok(()); // a retain of aclrtMemRetainAllocationHandle given back
+        // A retain of aclrtMemRetainAllocationHandle given back: the memory stays.
+        let retained = p.retains.fetch_update(
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+            |r| r.checked_sub(1),
+        );
+        if retained.is_ok() {
+            return Ok(());
         }
         p.ctx.ctx.destroy_physical_memory(p.mem)?;
-        crate::access::forget(h);
         g.reg.lock().remove::<Phys>(h);
         p.unexport();
         Ok(())
@@ -475,8 +500,7 @@ pub unsafe extern "C" fn aclrtMemImportFromShareableHandle(
         let dev = g.device(device_id as i64)?;
         let c = g.current()?;
         let mem = c.ctx.acl_import_shareable(shareable, &dev)?;
-        let ph = register(&g, c, mem);
-        crate::access::remember_prop(ph, AclPhysicalMemProp::imported(device_id as u32));
+        let ph = register(&g, c, mem, AclPhysicalMemProp::imported(device_id as u32));
         // SAFETY: non-null out-pointer.
         unsafe { out(handle, ph as *mut libc::c_void) };
         Ok(())
