@@ -12,11 +12,11 @@
 //! recorded behind its last DMA, and a copy into pageable memory returns only once its bytes
 //! are there (later work of the stream sees them).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
 
 use cudarc::driver::sys;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 /// Copies with a pageable side below this many bytes use `cuMemcpyAsync` directly (the
 /// driver stages them itself).
@@ -32,111 +32,50 @@ const MIN_PART: usize = 512 << 10;
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// How long a helper spins for its next job, and the caller for the last helper to finish,
-/// before sleeping. A pipelined staged copy hands each helper a part every chunk (about
-/// 150 µs apart at the copy engine's 51 GiB/s for 8 MiB); sleeping between them made every
-/// chunk wait for idle CPUs to wake (an H200 machine's staged device-to-malloc copy ran at
-/// 17.8 GiB/s with a mutex + condvar hand-off, where 8 threads copy 8 MiB in about 125 µs).
-const SPIN: std::time::Duration = std::time::Duration::from_micros(300);
-
-/// One helper's mailbox: a job slot and whether the helper is (or is about to be) asleep.
-struct Slot {
-    job: Mutex<Option<Job>>,
-    /// Set by the caller when it fills `job`; taken by the helper.
-    full: AtomicBool,
-}
-
-/// What the helpers share with the caller.
-struct Shared {
-    slots: Vec<Slot>,
-    /// Parts handed out and not yet run.
-    pending: AtomicUsize,
-    /// The caller waiting for `pending` to reach 0 (woken by the helper that gets it there).
-    waiter: Mutex<Option<std::thread::Thread>>,
-    stop: AtomicBool,
-}
-
 /// Helper threads for host copies and fills: a job is cut into parts, the caller runs the
-/// first and waits for the rest. Each helper spins for its next part a little while
-/// ([`SPIN`]) before it parks, and the caller spins likewise for the last part, so that a
-/// pipeline of chunks never waits for sleeping threads to wake.
+/// first and waits for the rest.
 pub(crate) struct HostPool {
-    shared: Arc<Shared>,
+    workers: Vec<Sender<Job>>,
+    done: Arc<(Mutex<usize>, Condvar)>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for HostPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "HostPool({} helpers)", self.threads.len())
-    }
-}
-
-/// Spins until `ready()` or [`SPIN`] has passed; true if it became ready.
-fn spin_until(ready: impl Fn() -> bool) -> bool {
-    let t = std::time::Instant::now();
-    loop {
-        if ready() {
-            return true;
-        }
-        for _ in 0..64 {
-            std::hint::spin_loop();
-        }
-        if t.elapsed() >= SPIN {
-            return ready();
-        }
-    }
-}
-
-fn helper(sh: Arc<Shared>, i: usize) {
-    loop {
-        let slot = &sh.slots[i];
-        if !spin_until(|| slot.full.load(Ordering::Acquire) || sh.stop.load(Ordering::Acquire)) {
-            // Park until a job or the stop (an unpark before the park is not lost).
-            while !slot.full.load(Ordering::Acquire) && !sh.stop.load(Ordering::Acquire) {
-                std::thread::park();
-            }
-        }
-        if sh.stop.load(Ordering::Acquire) && !slot.full.load(Ordering::Acquire) {
-            return;
-        }
-        slot.full.store(false, Ordering::Release);
-        if let Some(job) = slot.job.lock().take() {
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
-        }
-        if sh.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-            if let Some(t) = sh.waiter.lock().as_ref() {
-                t.unpark();
-            }
-        }
+        write!(f, "HostPool({} helpers)", self.workers.len())
     }
 }
 
 impl HostPool {
     /// A pool of `helpers` threads (fewer if the OS refuses some).
     pub(crate) fn new(helpers: usize) -> HostPool {
-        let shared = Arc::new(Shared {
-            slots: (0..helpers)
-                .map(|_| Slot {
-                    job: Mutex::new(None),
-                    full: AtomicBool::new(false),
-                })
-                .collect(),
-            pending: AtomicUsize::new(0),
-            waiter: Mutex::new(None),
-            stop: AtomicBool::new(false),
-        });
-        let mut threads = Vec::new();
+        let done = Arc::new((Mutex::new(0usize), Condvar::new()));
+        let (mut workers, mut threads) = (Vec::new(), Vec::new());
         for i in 0..helpers {
-            let sh = shared.clone();
-            match std::thread::Builder::new()
+            let (tx, rx) = channel::<Job>();
+            let d = done.clone();
+            let t = std::thread::Builder::new()
                 .name(format!("hetmem-stage{i}"))
-                .spawn(move || helper(sh, i))
-            {
-                Ok(t) => threads.push(t),
+                .spawn(move || {
+                    while let Ok(job) = rx.recv() {
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                        *d.0.lock() += 1;
+                        d.1.notify_all();
+                    }
+                });
+            match t {
+                Ok(t) => {
+                    workers.push(tx);
+                    threads.push(t);
+                }
                 Err(_) => break,
             }
         }
-        HostPool { shared, threads }
+        HostPool {
+            workers,
+            done,
+            threads,
+        }
     }
 
     /// The pool the engines use: [`MAX_HOST_THREADS`] threads in all, at most the machine's.
@@ -147,37 +86,36 @@ impl HostPool {
 
     /// Cuts `[0, len)` into at most one part per thread, each at least [`MIN_PART`] bytes and a
     /// multiple of `align` (but the last), and runs `f(offset, part_len)` on each, returning
-    /// once all have run. One caller at a time (the engine's dispatch thread).
+    /// once all have run.
     pub(crate) fn split(
         &self,
         len: usize,
         align: usize,
         f: impl Fn(usize, usize) + Send + Sync + Clone + 'static,
     ) {
-        let helpers = self.threads.len();
-        let parts = (len / MIN_PART).clamp(1, helpers + 1);
+        let parts = (len / MIN_PART).clamp(1, self.workers.len() + 1);
         let mut step = len.div_ceil(parts);
         step = step.div_ceil(align) * align;
-        let sh = &self.shared;
-        *sh.waiter.lock() = Some(std::thread::current());
+        let mut jobs = Vec::new();
         let mut off = step;
-        let mut i = 0;
         while off < len {
             let (o, n) = (off, step.min(len - off));
             let g = f.clone();
-            let slot = &sh.slots[i];
-            *slot.job.lock() = Some(Box::new(move || g(o, n)));
-            sh.pending.fetch_add(1, Ordering::AcqRel);
-            slot.full.store(true, Ordering::Release);
-            self.threads[i].thread().unpark();
+            jobs.push(Box::new(move || g(o, n)) as Job);
             off += step;
-            i += 1;
+        }
+        let sent = jobs.len();
+        *self.done.0.lock() = 0;
+        for (w, j) in self.workers.iter().zip(jobs) {
+            // A helper that is gone has taken its job with it: count it as done.
+            if w.send(j).is_err() {
+                *self.done.0.lock() += 1;
+            }
         }
         f(0, step.min(len));
-        if !spin_until(|| sh.pending.load(Ordering::Acquire) == 0) {
-            while sh.pending.load(Ordering::Acquire) != 0 {
-                std::thread::park();
-            }
+        let mut d = self.done.0.lock();
+        while *d < sent {
+            self.done.1.wait(&mut d);
         }
     }
 
@@ -209,9 +147,8 @@ impl HostPool {
 
 impl Drop for HostPool {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
+        self.workers.clear();
         for t in self.threads.drain(..) {
-            t.thread().unpark();
             let _ = t.join();
         }
     }
@@ -461,34 +398,6 @@ mod tests {
                 assert_eq!(dma.copies, size.div_ceil(CHUNK));
             }
         }
-    }
-
-    /// Every part of every split runs exactly once, whether the helpers are spinning for it
-    /// (splits back to back) or asleep (a pause longer than the spin between splits), and the
-    /// pool stops cleanly afterwards.
-    #[test]
-    fn pool_runs_every_part_once_spinning_or_parked() {
-        use std::sync::atomic::AtomicUsize;
-        let pool = HostPool::new(3);
-        for round in 0..300usize {
-            let len = (4 << 20) + round * 4096;
-            let covered = Arc::new(AtomicUsize::new(0));
-            let calls = Arc::new(AtomicUsize::new(0));
-            let (c, k) = (covered.clone(), calls.clone());
-            pool.split(len, 4096, move |_, n| {
-                c.fetch_add(n, Ordering::Relaxed);
-                k.fetch_add(1, Ordering::Relaxed);
-            });
-            assert_eq!(covered.load(Ordering::Relaxed), len, "round {round}");
-            assert_eq!(calls.load(Ordering::Relaxed), 4, "round {round}");
-            if round % 50 == 49 {
-                std::thread::sleep(SPIN * 4);
-            }
-        }
-        drop(pool);
-        let idle = HostPool::new(2);
-        std::thread::sleep(SPIN * 2);
-        drop(idle);
     }
 
     /// The pool's fill and copy split a range over its threads at pattern boundaries.
