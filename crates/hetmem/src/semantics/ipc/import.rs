@@ -134,25 +134,34 @@ pub(crate) fn material(
     // The fd transport: bytes 0..4 hold an fd of ours that is the exported memfd itself.
     let fd = handle.fd();
     if h.kind != IpcHandleKind::Range && fd >= 0 && backend.shareable_fds_have_identity() {
-        // SAFETY: only inspected (fstat, F_GET_SEALS) and duplicated; an fd number that is not
-        // open fails.
+        // SAFETY: only duplicated; an fd number that is not open fails.
         let b = unsafe { BorrowedFd::borrow_raw(fd) };
-        if let Some(id) = backend.shareable_identity(b) {
-            if id.ino == h.ino && id.dev == h.dev as u64 {
-                check_received_fd(backend, b, h.size)?;
-                return Ok(Material {
-                    size: h.size as usize,
-                    fds: vec![backend.dup_shareable(b)?],
-                    sizes: vec![h.size],
-                    pieces: vec![Piece {
-                        obj: 0,
-                        offset: 0,
-                        len: h.size,
-                    }],
-                    capacity: Arc::new([]),
-                    own: false,
-                });
-            }
+        // Duplicated first, and only the duplicate inspected and mapped: the number in the
+        // handle may be an fd of another thread of this process (the exporter's number means
+        // nothing here unless the fd was sent), which that thread may close at any moment (an
+        // importer thread closing the fd its own open received through the broker, with the
+        // same identity, made the dup after the check fail with EBADF). A number that is not
+        // open, or is not the memory, is not the fd transport: the broker answers.
+        let own = backend.dup_shareable(b).ok();
+        let matched = own.filter(|d| {
+            backend
+                .shareable_identity(d.as_fd())
+                .is_some_and(|id| id.ino == h.ino && id.dev == h.dev as u64)
+        });
+        if let Some(d) = matched {
+            check_received_fd(backend, d.as_fd(), h.size)?;
+            return Ok(Material {
+                size: h.size as usize,
+                fds: vec![d],
+                sizes: vec![h.size],
+                pieces: vec![Piece {
+                    obj: 0,
+                    offset: 0,
+                    len: h.size,
+                }],
+                capacity: Arc::new([]),
+                own: false,
+            });
         }
     }
     // The bytes-only transport: ask the exporter's broker.
