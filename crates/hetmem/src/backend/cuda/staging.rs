@@ -128,10 +128,8 @@ impl HostPool {
     /// # Safety
     /// `src` readable and `dst` writable for `len` bytes, not overlapping, until it returns.
     pub(crate) unsafe fn copy(&self, dst: usize, src: usize, len: usize) {
-        self.split(len, 64, move |o, n| {
-            // SAFETY: the caller's ranges; the parts are disjoint.
-            unsafe { hetmem_linux::copy::stream_copy(dst + o, src + o, n) }
-        });
+        // SAFETY: forwarded contract.
+        unsafe { self.copy_by(dst, src, len, hetmem_linux::copy::stream_copy) }
     }
 
     /// As [`HostPool::copy`] with the C library's `memcpy`: for the way out of a staging
@@ -144,11 +142,32 @@ impl HostPool {
     /// # Safety
     /// As [`HostPool::copy`].
     pub(crate) unsafe fn copy_cached(&self, dst: usize, src: usize, len: usize) {
+        /// `memcpy` in [`hetmem_linux::copy::stream_copy`]'s argument order.
+        ///
+        /// # Safety
+        /// As `stream_copy`.
+        unsafe fn memcpy(dst: usize, src: usize, n: usize) {
+            // SAFETY: the caller's ranges, not overlapping.
+            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n) }
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.copy_by(dst, src, len, memcpy) }
+    }
+
+    /// Copies `len` bytes from `src` to `dst` with the pool's threads, each part with `f`.
+    ///
+    /// # Safety
+    /// As [`HostPool::copy`]; `f(dst, src, n)` copies `n` bytes when given such ranges.
+    unsafe fn copy_by(
+        &self,
+        dst: usize,
+        src: usize,
+        len: usize,
+        f: unsafe fn(usize, usize, usize),
+    ) {
         self.split(len, 64, move |o, n| {
             // SAFETY: the caller's ranges; the parts are disjoint.
-            unsafe {
-                std::ptr::copy_nonoverlapping((src + o) as *const u8, (dst + o) as *mut u8, n)
-            }
+            unsafe { f(dst + o, src + o, n) }
         });
     }
 
