@@ -23,9 +23,13 @@
 //! `cuMemUnmap`, `cuMemRelease`, `cuMemAddressFree`: what hetmem's cuda backend calls for
 //! these steps) run too, as one block per step in their own turn; the median round counts.
 //!
-//! Rows: `acl_vmm_<step>_<shape>` (C over Rust; target: at most 150 ns added per C call, its
-//! JSON fields `<key>_added_ns_per_call` and `<key>_added_noise_ns_per_call`, the interquartile
-//! half-range of the rounds' paired differences) and, on cuda, `acl_vmm_<step>_<shape>_vs_driver` (C
+//! Rows: `acl_vmm_<step>_<shape>` (C over Rust, medians of the rounds; target: at most 150 ns
+//! added per C call, its JSON fields `<key>_added_ns_per_call`: over every counted call, its
+//! paired difference (the C call's time minus the Rust call's beside it), the median of those
+//! where C went first and of those where Rust went first, averaged; and
+//! `<key>_added_noise_ns_per_call`, the half-width of those medians' 95% confidence intervals,
+//! combined)
+//! and, on cuda, `acl_vmm_<step>_<shape>_vs_driver` (C
 //! over the bare driver calls).
 
 use std::ffi::c_void;
@@ -126,8 +130,16 @@ fn round<S: Side>(s: &S, sh: Shape) -> Result<[f64; 6], String> {
 }
 
 /// One round of the six steps through two sides at once, call by call (see the module docs):
-/// ns per region for each side and step. `flip`: `b` goes first on even calls.
-fn paired<A: Side, B: Side>(a: &A, b: &B, sh: Shape, flip: bool) -> Result<[[f64; 6]; 2], String> {
+/// ns per region for each side and step. `flip`: `b` goes first on even calls. Each call's
+/// paired difference (`a`'s time minus `b`'s, ns) is pushed to `diffs[step][0]` where `a` went
+/// first, else to `diffs[step][1]`.
+fn paired<A: Side, B: Side>(
+    a: &A,
+    b: &B,
+    sh: Shape,
+    flip: bool,
+    diffs: &mut [[Vec<f64>; 2]],
+) -> Result<[[f64; 6]; 2], String> {
     let k = sh.per_region();
     let (mut va_a, mut va_b) = (
         Vec::with_capacity(sh.regions),
@@ -142,6 +154,7 @@ fn paired<A: Side, B: Side>(a: &A, b: &B, sh: Shape, flip: bool) -> Result<[[f64
                     fb: &mut dyn FnMut() -> Result<(), String>|
      -> Result<(), String> {
         let a_first = i.is_multiple_of(2) != flip;
+        let mut ns = [0.0f64; 2];
         for turn in 0..2 {
             let side = if (turn == 0) == a_first { 0 } else { 1 };
             let t = Instant::now();
@@ -150,8 +163,10 @@ fn paired<A: Side, B: Side>(a: &A, b: &B, sh: Shape, flip: bool) -> Result<[[f64
             } else {
                 fb()?
             }
-            out[side][st] += t.elapsed().as_nanos() as f64;
+            ns[side] = t.elapsed().as_nanos() as f64;
+            out[side][st] += ns[side];
         }
+        diffs[st][usize::from(!a_first)].push(ns[0] - ns[1]);
         Ok(())
     };
     for i in 0..sh.regions {
@@ -210,6 +225,19 @@ fn paired<A: Side, B: Side>(a: &A, b: &B, sh: Shape, flip: bool) -> Result<[[f64
         }
     }
     Ok(out)
+}
+
+/// The median of `d` and the half-width of its distribution-free 95% confidence interval
+/// (order statistics n/2 -+ 0.98 sqrt(n)); NaN for no values. Sorts `d`.
+fn median_ci(d: &mut [f64]) -> (f64, f64) {
+    if d.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    d.sort_by(|a, b| a.total_cmp(b));
+    let n = d.len();
+    let h = (0.98 * (n as f64).sqrt()).ceil() as usize;
+    let (lo, hi) = ((n / 2).saturating_sub(h), (n / 2 + h).min(n - 1));
+    (d[n / 2], (d[hi] - d[lo]) / 2.0)
 }
 
 /// The library's C entry points.
@@ -430,14 +458,17 @@ pub fn rows(
     let mut rows = Vec::new();
     let mut lines = Vec::new();
     for (size, tag, sh) in shapes {
-        // figures[side][step]: one value per counted round.
+        // figures[side][step]: one value per counted round; diffs[step]: C - Rust per call.
         let mut figures = vec![vec![Vec::new(); 6]; sides];
+        let mut diffs = vec![[Vec::new(), Vec::new()]; 6];
+        let mut warm = vec![[Vec::new(), Vec::new()]; 6];
         for rd in 0..=rounds {
             // The driver's block goes before or after the interleaved pair, turn by turn.
             let mut got: Vec<(usize, [f64; 6])> = Vec::with_capacity(sides);
             for j in 0..sides - 1 {
                 if j == rd % (sides - 1) {
-                    let [fc, fr] = paired(&c, &rust, sh, rd % 2 == 1)?;
+                    let d = if rd > 0 { &mut diffs } else { &mut warm };
+                    let [fc, fr] = paired(&c, &rust, sh, rd % 2 == 1, d)?;
                     got.push((0, fc));
                     got.push((1, fr));
                 } else {
@@ -452,17 +483,16 @@ pub fn rows(
                 }
             }
         }
-        // Paired differences C - Rust per round: their interquartile half-range is the noise
-        // of the added time.
-        let spread: Vec<f64> = (0..6)
-            .map(|st| {
-                let mut d: Vec<f64> = figures[0][st]
-                    .iter()
-                    .zip(&figures[1][st])
-                    .map(|(c, r)| c - r)
-                    .collect();
-                d.sort_by(|a, b| a.total_cmp(b));
-                (d[d.len() * 3 / 4] - d[d.len() / 4]) / 2.0
+        // The added time per call: for each order (C first, Rust first) the median of its
+        // calls' paired differences, then the mean of the two (whichever call goes second
+        // meets warmer caches: the two orders' medians differ by that, in opposite
+        // directions). The noise: half the width of the distribution-free 95% confidence
+        // interval of each median (order statistics n/2 -+ 0.98 sqrt(n)), combined.
+        let added: Vec<(f64, f64)> = diffs
+            .iter_mut()
+            .map(|orders| {
+                let [(m0, h0), (m1, h1)] = orders.each_mut().map(|d| median_ci(d));
+                ((m0 + m1) / 2.0, (h0 * h0 + h1 * h1).sqrt() / 2.0)
             })
             .collect();
         let med: Vec<Vec<f64>> = figures
@@ -477,8 +507,7 @@ pub fn rows(
             };
             let key = format!("acl_vmm_{part}_{tag}");
             let (cn, rn) = (med[0][st], med[1][st]);
-            let added = (cn - rn) / calls as f64;
-            let noise = spread[st] / calls as f64;
+            let (added, noise) = added[st];
             json_extra(&format!("{key}_added_ns_per_call"), added);
             json_extra(&format!("{key}_added_noise_ns_per_call"), noise);
             lines.push(format!(
