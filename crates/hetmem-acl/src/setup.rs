@@ -158,9 +158,11 @@ pub unsafe extern "C" fn aclrtGetRunMode(mode: *mut u32) -> AclError {
 
 fn new_ctx(g: &state::G, dev: hetmem::Device, default: bool) -> Res<Arc<Ctx>> {
     let ctx = g.rt.driver().create_context()?;
+    let gran = ctx.acl_granularity(&dev)?;
     Ok(Arc::new(Ctx {
         global: g.arc(),
         handle: state::fresh_handle(1),
+        gran,
         dev,
         ctx,
         default,
@@ -273,12 +275,7 @@ fn remove_context(reg: &mut Registry, h: usize) -> Registry {
     for b in res {
         let r = reg.reservations.remove(&b).expect("listed");
         let end = b + r.r.size;
-        let maps: Vec<usize> = reg
-            .mappings
-            .keys()
-            .copied()
-            .filter(|k| (b..end).contains(k))
-            .collect();
+        let maps: Vec<usize> = reg.mappings.range(b..end).map(|(&k, _)| k).collect();
         for m in maps {
             reg.mappings.remove(&m);
         }

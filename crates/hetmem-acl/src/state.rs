@@ -59,6 +59,10 @@ pub struct Ctx {
     pub handle: usize,
     /// Its device.
     pub dev: hetmem::Device,
+    /// [`hetmem::Context::acl_granularity`] of its device, asked once when the context is made
+    /// (a device's answer never changes): the VMM entry points check sizes against it without
+    /// taking the semantics layer's lock for it on every call.
+    pub gran: usize,
     /// The hetmem context owning everything made in it.
     pub ctx: hetmem::Context,
     /// Whether this is the default context of its device (made by `aclrtSetDevice`), which
@@ -117,8 +121,9 @@ pub struct Registry {
     pub objects: HashMap<usize, Arc<dyn Object>>,
     /// Reservations by base address.
     pub reservations: BTreeMap<usize, Reserved>,
-    /// Mappings made by `aclrtMapMem`: start -> (size, the context of the physical memory).
-    pub mappings: HashMap<usize, (usize, Arc<Ctx>)>,
+    /// Mappings made by `aclrtMapMem`: start -> (size, the context of the physical memory),
+    /// ordered, so a released reservation finds its own mappings by range.
+    pub mappings: BTreeMap<usize, (usize, Arc<Ctx>)>,
 }
 
 impl Registry {

@@ -189,9 +189,8 @@ pub unsafe extern "C" fn aclrtReserveMemAddress(
         }
         hetmem::acl::check_nonzero(size, "size")?;
         let c = g.current()?;
-        let gran = c.ctx.acl_granularity(&c.dev)?;
-        hetmem::acl::check_vmm_size(size, gran)?;
-        hetmem::acl::check_reserve_alignment(alignment, gran)?;
+        hetmem::acl::check_vmm_size(size, c.gran)?;
+        hetmem::acl::check_reserve_alignment(alignment, c.gran)?;
         let hint = (!expect_ptr.is_null()).then_some(expect_ptr as usize);
         let r = c.ctx.reserve(hint, size)?;
         let base = r.base;
@@ -227,9 +226,8 @@ pub extern "C" fn aclrtReleaseMemAddress(vir_ptr: *mut libc::c_void) -> AclError
         };
         let maps: Vec<usize> = reg
             .mappings
-            .keys()
-            .copied()
-            .filter(|k| (p..p + r.r.size).contains(k))
+            .range(p..p + r.r.size)
+            .map(|(&k, _)| k)
             .collect();
         drop(reg);
         if let Err(e) = r.ctx.ctx.free(r.r.base, r.r.size) {
@@ -269,7 +267,10 @@ pub unsafe extern "C" fn aclrtMallocPhysical(
         let p = unsafe { prop.read_unaligned() };
         let dev = check_prop(&g, &p)?;
         let c = g.current()?;
-        let gran = c.ctx.acl_granularity(dev.as_ref().unwrap_or(&c.dev))?;
+        let gran = match &dev {
+            Some(d) if *d != c.dev => c.ctx.acl_granularity(d)?,
+            _ => c.gran,
+        };
         hetmem::acl::check_vmm_size(size, gran)?;
         let mem = match &dev {
             Some(d) => c.ctx.create_physical_memory(
@@ -389,8 +390,7 @@ pub(crate) fn map_mem(
         let p = reg
             .get::<Phys>(h)
             .ok_or_else(|| state::bad_handle("physical memory handle", h))?;
-        let gran = p.ctx.ctx.acl_granularity(&p.ctx.dev)?;
-        hetmem::acl::check_vmm_size(size, gran)?;
+        hetmem::acl::check_vmm_size(size, p.ctx.gran)?;
         p.ctx.ctx.map(va, size, p.mem, offset, access)?;
         let ctx = p.ctx.clone();
         reg.mappings.insert(va, (size, ctx));
