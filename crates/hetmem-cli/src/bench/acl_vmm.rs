@@ -15,10 +15,12 @@
 //! rounds), each call timed alone, so both sides meet the same driver and kernel state (the
 //! other side's objects of the step live beside their own). Timing each side as one block of
 //! calls instead made the C side look 300-500 ns slower per reserve, unmap and release on an
-//! H200 although the library's own code there costs about 35 ns a call (`perf` on a tight
-//! `aclrtReserveMemAddress` + `aclrtReleaseMemAddress` loop through `libascendcl.so`, 2026-12-03:
-//! the library's symbols about 3% of a 1.6 us pair); where the blocks ran in turn, each side
-//! met the driver state the other had left. On the cuda backend the bare
+//! H200; where the blocks ran in turn, each side met the driver state the other had left. What
+//! the C entry points add is their own work beyond the Rust calls: the thread's current
+//! context, the property and size checks, the handle registry (a `perf` profile of a tight
+//! `aclrtReserveMemAddress` + `aclrtReleaseMemAddress` loop on the host backend, 2026-12-03,
+//! put the library's own symbols at about 7.5% of a 3.3 us pair, about 125 ns a call, which
+//! the paired medians of the 2 MiB reserve row agree with). On the cuda backend the bare
 //! CUDA driver calls (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap` + `cuMemSetAccess`,
 //! `cuMemUnmap`, `cuMemRelease`, `cuMemAddressFree`: what hetmem's cuda backend calls for
 //! these steps) run too, as one block per step in their own turn; the median round counts.
