@@ -693,7 +693,7 @@ def make_model(seed, width, depth):
 
 
 def row_forward(args, ht):
-    width, depth, batch, iters = 4096, 8, 256, args.forward_iters
+    width, depth, batch, iters = 4096, 8, args.forward_batch, args.forward_iters
     res = {"name": "forward", "width": width, "depth": depth, "batch": batch, "iters": iters}
     x = torch.randn(batch, width, device="cuda", dtype=torch.float16)
     default = make_model(0, width, depth).cuda()
@@ -722,15 +722,25 @@ def row_forward(args, ht):
             torch.cuda.synchronize()
             return (now() - t0) / iters, y
 
+    # Interleaved rounds, the order turning each round, the first a warm-up; medians. The
+    # default batch (1024: ~0.49 ms a pass on an H200) keeps the GPU, not the launching CPU,
+    # the bottleneck: at batch 256 (~0.25 ms, about the time of its 17 launches) single
+    # rounds moved by 0.7x-2.0x with the CPU's scheduling, at 1024 by 0.97x-1.06x
+    # (2026-12-03, median ratios 1.000 and 1.007 in two runs).
     a, b = [], []
-    for _ in range(args.reps + 2):  # interleaved, the first round a warm-up
-        ta, ya = run(default, False)
-        tb, yb = run(hmodel, True)
+    for r in range(max(args.reps, 10) + 1):
+        if r % 2:
+            tb, yb = run(hmodel, True)
+            ta, ya = run(default, False)
+        else:
+            ta, ya = run(default, False)
+            tb, yb = run(hmodel, True)
         a.append(ta)
         b.append(tb)
     torch.testing.assert_close(yb, ya)
-    res["default_ms"] = statistics.mean(a[1:]) * 1e3
-    res["hetmem_ms"] = statistics.mean(b[1:]) * 1e3
+    res["default_ms"] = statistics.median(a[1:]) * 1e3
+    res["hetmem_ms"] = statistics.median(b[1:]) * 1e3
+    res["rounds_ratio"] = [y / x for x, y in zip(a[1:], b[1:])]
     res["ratio"] = res["hetmem_ms"] / res["default_ms"]
     res["outputs_equal"] = bool(torch.equal(ya, yb))
     res["target"] = "ratio within 2% (<= 1.02)"
@@ -841,7 +851,8 @@ def main():
     ap.add_argument("--growth-steps", type=int, default=1024)
     ap.add_argument("--sleep-gib", type=int, default=16)
     ap.add_argument("--sleep-tensors", type=int, default=256)
-    ap.add_argument("--forward-iters", type=int, default=50)
+    ap.add_argument("--forward-iters", type=int, default=200)
+    ap.add_argument("--forward-batch", type=int, default=1024)
     ap.add_argument("--share-gib", type=int, default=1)
     ap.add_argument("--share-tensors", type=int, default=512)
     ap.add_argument("--row-timeout", type=int, default=180, help="seconds a row may run (watchdog)")
