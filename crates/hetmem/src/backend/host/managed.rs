@@ -11,7 +11,7 @@
 //! | host drop | `madvise(MADV_DONTNEED)` of the managed range (its page-table entries only) |
 //! | host protect | `ioctl(UFFDIO_WRITEPROTECT)` |
 //! | host wake | `ioctl(UFFDIO_WAKE)` |
-//! | fault thread | `poll(2)` on the userfaultfd and an `eventfd(2)`, `read(2)` of `struct uffd_msg` |
+//! | fault thread | `poll(2)` on the userfaultfd and an `eventfd(2)`, `read(2)` of `struct uffd_msg` (for 100 us after a fault, `read(2)` again at once instead of `poll(2)`) |
 //! | mapper thread | `ioctl(UFFDIO_CONTINUE)` of the pieces and pages an install hands it, so that the copy of the next piece runs meanwhile; between jobs it spins briefly before it sleeps on a futex; `sched_setaffinity(2)` keeps it off the queuing thread's core |
 //!
 //! No signal handler is installed: host faults on absent pages block the faulting thread in the
@@ -980,23 +980,39 @@ impl Drop for HostFaultThread {
     }
 }
 
+/// How long the fault thread keeps reading the userfaultfd after it resolved a fault before it
+/// sleeps in `poll(2)` (see [`fault_loop`]).
+const FAULT_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
+
 fn fault_loop(uffd: OwnedFd, stop: OwnedFd, sink: Arc<dyn FaultSink>) {
     // One message per read: a fault resolved by an earlier one wakes every thread waiting on
     // the page, and the kernel then drops their unread messages; messages read in a batch
     // would stay behind as stale faults and migrate the page again after it moved on.
     let mut msgs = [UffdMsg::default(); 1];
+    // For FAULT_SPIN after a fault is resolved the thread reads again at once (the fd is
+    // non-blocking) instead of sleeping in poll: a thread walking managed memory faults again
+    // soon after it is woken, and a sleep and wake-up of this thread is on that fault's path.
+    // Measured on the 2-core VM, random-order faults on 2 MiB hugetlbfs pages (where the whole
+    // install runs before the faulting thread is woken, so each fault waited for this thread's
+    // wake-up): 1 GiB walked at 7.84-7.91 GiB/s against 7.11-7.35 sleeping after each fault.
+    // The stop eventfd is only seen in poll, at most FAULT_SPIN after the last fault.
+    let mut resolved_at: Option<std::time::Instant> = None;
     loop {
-        let mut fds = [
-            PollFd::new(&uffd, PollFlags::IN),
-            PollFd::new(&stop, PollFlags::IN),
-        ];
-        match rustix::event::poll(&mut fds, None) {
-            Ok(_) => {}
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(_) => return,
-        }
-        if !fds[1].revents().is_empty() {
-            return;
+        let spinning = resolved_at.is_some_and(|t| t.elapsed() < FAULT_SPIN);
+        if !spinning {
+            resolved_at = None;
+            let mut fds = [
+                PollFd::new(&uffd, PollFlags::IN),
+                PollFd::new(&stop, PollFlags::IN),
+            ];
+            match rustix::event::poll(&mut fds, None) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => return,
+            }
+            if !fds[1].revents().is_empty() {
+                return;
+            }
         }
         let n = {
             // SAFETY: UffdMsg is plain old data; the byte view covers exactly the array.
@@ -1008,7 +1024,12 @@ fn fault_loop(uffd: OwnedFd, stop: OwnedFd, sink: Arc<dyn FaultSink>) {
             };
             match rustix::io::read(uffd.as_fd(), buf) {
                 Ok(n) => n / std::mem::size_of::<UffdMsg>(),
-                Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {
+                    if spinning {
+                        std::hint::spin_loop();
+                    }
+                    continue;
+                }
                 Err(_) => return,
             }
         };
@@ -1020,6 +1041,9 @@ fn fault_loop(uffd: OwnedFd, stop: OwnedFd, sink: Arc<dyn FaultSink>) {
                     write_protect: m.flags & UFFD_PAGEFAULT_FLAG_WP != 0,
                 });
             }
+        }
+        if n > 0 {
+            resolved_at = Some(std::time::Instant::now());
         }
     }
 }
