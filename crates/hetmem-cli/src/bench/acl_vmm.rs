@@ -229,6 +229,17 @@ fn paired<A: Side, B: Side>(
     Ok(out)
 }
 
+/// The mean of the medians of the two orders' rounds (one order's alone if the other has
+/// none).
+fn order_balanced([a, b]: [Vec<f64>; 2]) -> f64 {
+    match (a.is_empty(), b.is_empty()) {
+        (false, false) => (median(a) + median(b)) / 2.0,
+        (false, true) => median(a),
+        (true, false) => median(b),
+        (true, true) => f64::NAN,
+    }
+}
+
 /// The median of `d` and the half-width of its distribution-free 95% confidence interval
 /// (order statistics n/2 -+ 0.98 sqrt(n)); NaN for no values. Sorts `d`.
 fn median_ci(d: &mut [f64]) -> (f64, f64) {
@@ -460,8 +471,9 @@ pub fn rows(
     let mut rows = Vec::new();
     let mut lines = Vec::new();
     for (size, tag, sh) in shapes {
-        // figures[side][step]: one value per counted round; diffs[step]: C - Rust per call.
-        let mut figures = vec![vec![Vec::new(); 6]; sides];
+        // figures[side][step][round % 2]: one value per counted round, by the round's order
+        // (the order of each pair turns with the round); diffs[step]: C - Rust per call.
+        let mut figures = vec![vec![[Vec::new(), Vec::new()]; 6]; sides];
         let mut diffs = vec![[Vec::new(), Vec::new()]; 6];
         let mut warm = vec![[Vec::new(), Vec::new()]; 6];
         for rd in 0..=rounds {
@@ -480,7 +492,7 @@ pub fn rows(
             if rd > 0 {
                 for (side, f) in got {
                     for (st, v) in f.into_iter().enumerate() {
-                        figures[side][st].push(v);
+                        figures[side][st][rd % 2].push(v);
                     }
                 }
             }
@@ -497,9 +509,14 @@ pub fn rows(
                 ((m0 + m1) / 2.0, (h0 * h0 + h1 * h1).sqrt() / 2.0)
             })
             .collect();
+        // Each side's figure per step: the mean of its medians over the rounds of each order.
+        // A plain median would take the side of the order with more rounds, which for a step
+        // of one call a round (reserve and release of the 1 GiB shape) is most of the figure:
+        // the first call of a pair took 4-9 us more there (host backend, 2026-12-03), which
+        // made C read 0.55-0.73x of Rust in one build and 1.2-1.5x in the next.
         let med: Vec<Vec<f64>> = figures
             .into_iter()
-            .map(|s| s.into_iter().map(median).collect())
+            .map(|s| s.into_iter().map(order_balanced).collect())
             .collect();
         for (st, (entry, part, driver)) in STEPS.into_iter().enumerate() {
             let calls = if st == 0 || st == 5 {
