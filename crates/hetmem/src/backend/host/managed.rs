@@ -12,7 +12,7 @@
 //! | host protect | `ioctl(UFFDIO_WRITEPROTECT)` |
 //! | host wake | `ioctl(UFFDIO_WAKE)` |
 //! | fault thread | `poll(2)` on the userfaultfd and an `eventfd(2)`, `read(2)` of `struct uffd_msg` (for 100 us after a fault, `read(2)` again at once instead of `poll(2)`) |
-//! | mapper thread | `ioctl(UFFDIO_CONTINUE)` of the pieces and pages an install hands it, so that the copy of the next piece runs meanwhile; between jobs it spins briefly before it sleeps on a futex; `sched_setaffinity(2)` keeps it off the queuing thread's core |
+//! | mapper thread | `ioctl(UFFDIO_CONTINUE)` of the pieces and pages an install hands it, so that the copy of the next piece runs meanwhile; `sched_setaffinity(2)` keeps it off the queuing thread's core |
 //!
 //! No signal handler is installed: host faults on absent pages block the faulting thread in the
 //! kernel until the fault thread resolves them.
@@ -226,14 +226,6 @@ pub struct HostManaged {
 /// woken on the queuing thread's own core, it would stop the copy it is meant to overlap with
 /// until its mapping is done (measured on the 2-core host under load: a wake-up of the helper
 /// cost the queuing thread 100-150 us, as long as the mapping itself).
-///
-/// Between jobs the helper waits running ([`HELPER_SPIN`]) before it sleeps: the pieces of one
-/// install come a piece's copy apart (and the next fault's first piece soon after the last), so
-/// a helper that slept after each piece was woken eight times a fault, each wake-up late, and
-/// the fault thread was left mapping the tail itself at the end of the install. Measured on the
-/// 2-core VM, random-order faults on 4 KiB pages: the wait at the end of an install
-/// ([`Mapper::finish`]) went from 52-85 us to 2-9 us a fault, and the whole install from
-/// 320-460 us to 215-240 us (the copy of 2 MiB alone: about 205 us).
 #[derive(Debug)]
 struct Mapper {
     queue: Arc<MapQueue>,
@@ -248,8 +240,6 @@ struct MapQueue {
     state: parking_lot::Mutex<MapState>,
     /// Jobs queued and not finished (taken or not), read without the lock by `finish`.
     outstanding: std::sync::atomic::AtomicUsize,
-    /// Jobs in `state.jobs`, read without the lock by the helper while it waits running.
-    queued: std::sync::atomic::AtomicUsize,
     /// The helper's thread id, once it runs (0 before).
     helper_tid: std::sync::atomic::AtomicI32,
     /// The CPU the helper's affinity leaves out (`usize::MAX`: none).
@@ -296,17 +286,9 @@ impl Mapper {
                         if st.stop {
                             return;
                         }
-                        // The next piece of an install in progress comes within a piece's
-                        // copy: wait for it running rather than through a sleep and a wake-up.
-                        let more = parking_lot::MutexGuard::unlocked(&mut st, || {
-                            spin_until(HELPER_SPIN, || q.queued.load(Ordering::Acquire) > 0)
-                        });
-                        if !more && st.jobs.is_empty() && !st.stop {
-                            q.work.wait(&mut st);
-                        }
+                        q.work.wait(&mut st);
                         continue;
                     };
-                    q.queued.fetch_sub(1, Ordering::AcqRel);
                     // SAFETY: the queuing thread put the bytes in the backing and the entries
                     // are absent (the contract of the install that queued the job).
                     let r = parking_lot::MutexGuard::unlocked(&mut st, || unsafe {
@@ -352,7 +334,6 @@ impl Mapper {
     fn send(&self, addr: usize, len: usize, read_only: bool) {
         let mut st = self.queue.state.lock();
         st.jobs.push_back((addr, len, read_only));
-        self.queue.queued.fetch_add(1, Ordering::AcqRel);
         self.queue.outstanding.fetch_add(1, Ordering::AcqRel);
         drop(st);
         self.keep_off_this_cpu();
@@ -369,7 +350,6 @@ impl Mapper {
         let mut st = q.state.lock();
         loop {
             if let Some((addr, len, read_only)) = st.jobs.pop_front() {
-                q.queued.fetch_sub(1, Ordering::AcqRel);
                 // SAFETY: forwarded contract.
                 let r = parking_lot::MutexGuard::unlocked(&mut st, || unsafe {
                     continue_range(uffd, addr, len, read_only)
@@ -396,11 +376,6 @@ impl Mapper {
 
 /// How long [`Mapper::finish`] waits running for the helper's last job before it sleeps.
 const FINISH_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
-
-/// How long the mapper helper waits running for its next job before it sleeps (see
-/// [`Mapper`]): longer than the copy of one [`INSTALL_CHUNK`] piece (about 55 us) and than the
-/// gap between one fault's last piece and the next fault's first.
-const HELPER_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
 
 /// Spins until `done()` or `limit` passed; whether `done()` came true.
 fn spin_until(limit: std::time::Duration, done: impl Fn() -> bool) -> bool {
