@@ -29,12 +29,15 @@ pub(crate) const CHUNK: usize = 8 << 20;
 pub(crate) const IN_CHUNK: usize = CHUNK / 2;
 /// Pinned staging buffers per engine.
 ///
-/// Chosen on an H200 machine (16 CPUs, 300 MiB L3) with `docs/probes/cuda-staging.c`, a C copy
-/// of this pipeline (64 MiB copies, medians of 5): with 3 buffers of 8 MiB and 8 threads, malloc->device ran at
-/// 36.6 and device->malloc at 36.2 GiB/s; with 4 buffers, 4 MiB chunks in and 8 MiB out, and
-/// 12 threads, 38-39 and 44-46 GiB/s (pinned DMA alone: 51 GiB/s). A fourth buffer lets the
-/// way out keep three DMAs queued while the host drains one; smaller chunks let the way in start
-/// its DMAs sooner; more threads than 12 gained nothing there.
+/// Chosen on an H200 machine (16 CPUs, 300 MiB L3, 2026-12-03). `docs/probes/cuda-staging.c`,
+/// a C copy of this pipeline (64 MiB copies, medians of 5), ran malloc->device at 36.6 and
+/// device->malloc at 36.2 GiB/s with 3 buffers of 8 MiB and 8 threads, and at 38-39 and 44-46
+/// GiB/s with 4 buffers, 4 MiB chunks in, 8 MiB out and 12 threads (pinned DMA alone: 51
+/// GiB/s; host copies lose 10-25% while a DMA runs beside them). Through `hetmem bench cuda`
+/// the same two settings gave 30.8 / 32.4 and 30.5 / 36.3 GiB/s (two runs each), and 2 or 16
+/// MiB chunks, 6 buffers or `memcpy` in did no better: the fourth buffer keeps three DMAs
+/// queued while the host drains one (the way out gains about 10%); the way in stays where it
+/// was, short of the probe by costs of the engine's own not yet found.
 pub(crate) const BUFFERS: usize = 4;
 /// Host threads (the dispatch thread included) that copy one chunk or fill one range.
 pub(crate) const MAX_HOST_THREADS: usize = 12;
