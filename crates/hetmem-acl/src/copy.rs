@@ -90,7 +90,7 @@ fn malloc_entry(
                 }
             }
         }
-        let p = malloc_on(&c, dev, size, policy)?;
+        let p = malloc_on(c, dev, size, policy)?;
         // SAFETY: non-null out-pointer.
         unsafe { out(dev_ptr, p as *mut libc::c_void) };
         Ok(())

@@ -42,7 +42,7 @@ fn register(ptr: *mut libc::c_void, size: u64, read_only: bool) -> Res<usize> {
     let p = c
         .ctx
         .import_system_memory(ptr as usize, size as usize, read_only)?;
-    REGISTERED.lock().insert(p, (c, size as usize));
+    REGISTERED.lock().insert(p, (c.clone(), size as usize));
     Ok(p)
 }
 

@@ -132,6 +132,11 @@ impl Registry {
         self.objects.get(&h).cloned().and_then(downcast::<T>)
     }
 
+    /// The object `h` if it is a `T`, borrowed (no reference counted).
+    pub fn peek<T: Object>(&self, h: usize) -> Option<&T> {
+        (self.objects.get(&h)?.as_ref() as &dyn Any).downcast_ref::<T>()
+    }
+
     /// Takes the object `h` out if it is a `T` (an object of another type stays).
     pub fn remove<T: Object>(&mut self, h: usize) -> Option<Arc<T>> {
         let o = self.objects.get(&h)?;
@@ -198,11 +203,21 @@ impl std::ops::Deref for G {
 }
 
 impl G {
-    /// The calling thread's current context (see [`Global::current`]).
-    pub fn current(&self) -> Res<Arc<Ctx>> {
+    /// The calling thread's current context (see [`Global::current`]), borrowed: an entry
+    /// point counts no reference for it (the one [`fast_global`] took keeps it alive for the
+    /// call); it clones the `Arc` only where it files the context with a new object.
+    pub fn current(&self) -> Res<&Arc<Ctx>> {
         match self {
-            G::Ctx(c) => Ok(c.clone()),
-            G::Global(g) => g.current(),
+            G::Ctx(c) => Ok(c),
+            // `fast_global` found no live current context on this thread, and only this thread
+            // sets it (a destroyed context never comes back to life): `Global::current` gives
+            // the error, naming why.
+            G::Global(g) => Err(g.current().err().unwrap_or_else(|| {
+                Fail::new(
+                    ACL_ERROR_RT_CONTEXT_NULL,
+                    "the calling thread has no current context",
+                )
+            })),
         }
     }
     /// The instance itself.
@@ -264,10 +279,15 @@ impl Global {
     ///
     /// Errors: `InvalidArgument` (107000) naming the id and the device count.
     pub fn device(&self, id: i64) -> Res<hetmem::Device> {
+        self.device_ref(id).cloned()
+    }
+
+    /// The device with ACL id `id`, borrowed from the driver (see [`Global::device`]).
+    pub fn device_ref(&self, id: i64) -> Res<&hetmem::Device> {
         let driver = self.rt.driver();
         u32::try_from(id)
             .ok()
-            .and_then(|i| driver.device(i))
+            .and_then(|i| driver.device_ref(i))
             .ok_or_else(|| {
                 // Counted only here: the success path (every VMM call) clones nothing.
                 let n = driver.device_list().len();

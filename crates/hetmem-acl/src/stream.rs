@@ -279,7 +279,7 @@ pub unsafe extern "C" fn aclrtCreateStream(stream: *mut *mut libc::c_void) -> Ac
         }
         let ctx = g.current()?;
         let h = state::fresh_handle(2);
-        let s = Arc::new(AclStream::new(&ctx, h)?);
+        let s = Arc::new(AclStream::new(ctx, h)?);
         g.reg.lock().objects.insert(h, s);
         // SAFETY: non-null out-pointer.
         unsafe { out(stream, h as *mut libc::c_void) };
@@ -370,7 +370,7 @@ pub unsafe extern "C" fn aclrtCreateEvent(event: *mut *mut libc::c_void) -> AclE
             h,
             Arc::new(AclEvent {
                 handle: h,
-                ctx,
+                ctx: ctx.clone(),
                 latest: Mutex::new(None),
             }),
         );

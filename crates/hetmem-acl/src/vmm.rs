@@ -76,8 +76,9 @@ pub struct Phys {
     /// Retains (`aclrtMemRetainAllocationHandle`) not yet given back: each is one more
     /// `aclrtFreePhysical` the handle takes before its memory goes.
     pub retains: std::sync::atomic::AtomicUsize,
-    /// Set once its export has been ended (so that the drop does not end it again).
-    unexported: std::sync::atomic::AtomicBool,
+    /// Set when `aclrtMemExportToShareableHandle` exports it, cleared when the export is ended
+    /// (so that only an exported handle asks hetmem to end an export, and only once).
+    exported: std::sync::atomic::AtomicBool,
 }
 
 impl state::Object for Phys {
@@ -101,9 +102,9 @@ impl state::Global {
 impl Phys {
     /// Ends the export, if any (importers keep what they imported); once.
     pub fn unexport(&self) {
-        if !self
-            .unexported
-            .swap(true, std::sync::atomic::Ordering::AcqRel)
+        if self
+            .exported
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
         {
             self.ctx.ctx.acl_unexport_shareable(self.mem);
         }
@@ -197,7 +198,7 @@ pub unsafe extern "C" fn aclrtReserveMemAddress(
         g.reg
             .lock()
             .reservations
-            .insert(base, Reserved { ctx: c, r });
+            .insert(base, Reserved { ctx: c.clone(), r });
         // SAFETY: non-null out-pointer.
         unsafe { out(vir_ptr, base as *mut libc::c_void) };
         Ok(())
@@ -217,26 +218,35 @@ pub extern "C" fn aclrtReleaseMemAddress(vir_ptr: *mut libc::c_void) -> AclError
         if p == 0 {
             return Err(null("virPtr"));
         }
-        let mut reg = g.reg.lock();
-        let Some(r) = reg.reservations.remove(&p) else {
-            return Err(hetmem::Error::InvalidArgument(format!(
-                "{p:#x} is not the base of a reservation of aclrtReserveMemAddress"
-            ))
-            .into());
+        // Taken out first (one hold of the registry), put back if the free is refused; the
+        // free may wait for device work, so it runs with the registry released.
+        let (r, mapped) = {
+            let mut reg = g.reg.lock();
+            let Some(r) = reg.reservations.remove(&p) else {
+                return Err(hetmem::Error::InvalidArgument(format!(
+                    "{p:#x} is not the base of a reservation of aclrtReserveMemAddress"
+                ))
+                .into());
+            };
+            let mapped = reg.mappings.range(p..p + r.r.size).next().is_some();
+            (r, mapped)
         };
-        let maps: Vec<usize> = reg
-            .mappings
-            .range(p..p + r.r.size)
-            .map(|(&k, _)| k)
-            .collect();
-        drop(reg);
         if let Err(e) = r.ctx.ctx.free(r.r.base, r.r.size) {
             g.reg.lock().reservations.insert(p, r);
             return Err(e.into());
         }
-        let mut reg = g.reg.lock();
-        for m in maps {
-            reg.mappings.remove(&m);
+        // The free unmapped what was still mapped inside: its records go too (a sleep-mode
+        // allocator unmaps first, so this hold is rare).
+        if mapped {
+            let mut reg = g.reg.lock();
+            let maps: Vec<usize> = reg
+                .mappings
+                .range(p..p + r.r.size)
+                .map(|(&k, _)| k)
+                .collect();
+            for m in maps {
+                reg.mappings.remove(&m);
+            }
         }
         Ok(())
     })
@@ -284,7 +294,7 @@ pub unsafe extern "C" fn aclrtMallocPhysical(
                 size,
             )?,
         };
-        let h = register(&g, c, mem, p);
+        let h = register(&g, c.clone(), mem, p);
         // SAFETY: non-null out-pointer.
         unsafe { out(handle, h as *mut libc::c_void) };
         Ok(())
@@ -306,7 +316,7 @@ fn register(
             mem,
             prop,
             retains: Default::default(),
-            unexported: Default::default(),
+            exported: Default::default(),
         }),
     );
     h
@@ -322,18 +332,29 @@ pub extern "C" fn aclrtFreePhysical(handle: *mut libc::c_void) -> AclError {
     entry("aclrtFreePhysical", || {
         let g = state::fast_global()?;
         let h = handle as usize;
-        let p = g.phys(h)?;
-        // A retain of aclrtMemRetainAllocationHandle given back: the memory stays.
-        let retained = p.retains.fetch_update(
-            std::sync::atomic::Ordering::AcqRel,
-            std::sync::atomic::Ordering::Acquire,
-            |r| r.checked_sub(1),
-        );
-        if retained.is_ok() {
-            return Ok(());
+        // One hold of the registry: a retain given back, or the handle taken out (put back if
+        // the memory cannot go, e.g. while it is mapped).
+        let p = {
+            let mut reg = g.reg.lock();
+            let p = reg
+                .peek::<Phys>(h)
+                .ok_or_else(|| state::bad_handle("physical memory handle", h))?;
+            // A retain of aclrtMemRetainAllocationHandle given back: the memory stays.
+            let retained = p.retains.fetch_update(
+                std::sync::atomic::Ordering::AcqRel,
+                std::sync::atomic::Ordering::Acquire,
+                |r| r.checked_sub(1),
+            );
+            if retained.is_ok() {
+                return Ok(());
+            }
+            reg.remove::<Phys>(h)
+                .ok_or_else(|| state::bad_handle("physical memory handle", h))?
+        };
+        if let Err(e) = p.ctx.ctx.destroy_physical_memory(p.mem) {
+            g.reg.lock().objects.insert(h, p);
+            return Err(e.into());
         }
-        p.ctx.ctx.destroy_physical_memory(p.mem)?;
-        g.reg.lock().remove::<Phys>(h);
         p.unexport();
         Ok(())
     })
@@ -447,6 +468,9 @@ pub unsafe extern "C" fn aclrtMemExportToShareableHandle(
         }
         let p = g.phys(handle as usize)?;
         hetmem::spec::MemHandleType::from_raw(handle_type)?;
+        // Marked before the export, so a free racing with it ends what it made (ending an
+        // export that failed, or was never made, changes nothing).
+        p.exported.store(true, std::sync::atomic::Ordering::Release);
         let s = p.ctx.ctx.acl_export_shareable(p.mem, flags)?;
         // SAFETY: non-null out-pointer.
         unsafe { out(shareable, s) };
@@ -500,7 +524,12 @@ pub unsafe extern "C" fn aclrtMemImportFromShareableHandle(
         let dev = g.device(device_id as i64)?;
         let c = g.current()?;
         let mem = c.ctx.acl_import_shareable(shareable, &dev)?;
-        let ph = register(&g, c, mem, AclPhysicalMemProp::imported(device_id as u32));
+        let ph = register(
+            &g,
+            c.clone(),
+            mem,
+            AclPhysicalMemProp::imported(device_id as u32),
+        );
         // SAFETY: non-null out-pointer.
         unsafe { out(handle, ph as *mut libc::c_void) };
         Ok(())
