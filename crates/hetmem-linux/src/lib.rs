@@ -1,9 +1,9 @@
 //! The Linux platform layer below hetmem's backends: what every backend running on Linux
 //! shares (the host backend and the cuda backend alike): machine facts, NUMA,
 //! `/proc/self/maps`, errno translation, the IPC transport ([`broker`]: the per-process
-//! broker socket and `SCM_RIGHTS`), the streaming copy of the host's copy engine
-//! ([`copy::stream_copy`]), and small named records other processes of the user read
-//! ([`records`]). One small function per syscall or file read, each naming
+//! broker socket and `SCM_RIGHTS`), the streaming copies of the host's copy engine
+//! ([`copy::stream_copy`]) and of the cuda backend's staging ([`copy::stream_copy_any`]),
+//! and small named records other processes of the user read ([`records`]). One small function per syscall or file read, each naming
 //! it (rustix-style); no policy, and nothing of the specs. hetmem's backends call it and turn
 //! its answers into their own types (`hetmem::backend`).
 

@@ -134,14 +134,18 @@ impl HostPool {
     }
 
     /// Copies `len` bytes from `src` to `dst` (not overlapping) with the pool's threads, with
-    /// streaming stores ([`hetmem_linux::copy::stream_copy`]): for a destination that a DMA
-    /// reads next (a pinned staging buffer), or host memory a host copy fills.
+    /// streaming stores ([`hetmem_linux::copy::stream_copy_any`]: 256-bit where the CPU has
+    /// AVX2, whatever the alignment and length of each part): for a destination that a DMA
+    /// reads next (a pinned staging buffer), or host memory a host copy fills. It used
+    /// [`hetmem_linux::copy::stream_copy`], which streams 128 bits at a time and copies a
+    /// part whose length is not a multiple of 64 with `memcpy` whole; the C probe of this
+    /// pipeline (`docs/probes/cuda-staging.c`) streams 256 bits.
     ///
     /// # Safety
     /// `src` readable and `dst` writable for `len` bytes, not overlapping, until it returns.
     pub(crate) unsafe fn copy(&self, dst: usize, src: usize, len: usize) {
         // SAFETY: forwarded contract.
-        unsafe { self.copy_by(dst, src, len, hetmem_linux::copy::stream_copy) }
+        unsafe { self.copy_by(dst, src, len, hetmem_linux::copy::stream_copy_any) }
     }
 
     /// As [`HostPool::copy`] with the C library's `memcpy`: for the way out of a staging
@@ -154,10 +158,10 @@ impl HostPool {
     /// # Safety
     /// As [`HostPool::copy`].
     pub(crate) unsafe fn copy_cached(&self, dst: usize, src: usize, len: usize) {
-        /// `memcpy` in [`hetmem_linux::copy::stream_copy`]'s argument order.
+        /// `memcpy` in [`hetmem_linux::copy::stream_copy_any`]'s argument order.
         ///
         /// # Safety
-        /// As `stream_copy`.
+        /// As `stream_copy_any`.
         unsafe fn memcpy(dst: usize, src: usize, n: usize) {
             // SAFETY: the caller's ranges, not overlapping.
             unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n) }
