@@ -41,8 +41,10 @@ pub(crate) const IN_CHUNK: usize = CHUNK / 2;
 pub(crate) const BUFFERS: usize = 4;
 /// Host threads (the dispatch thread included) that copy one chunk or fill one range.
 pub(crate) const MAX_HOST_THREADS: usize = 12;
-/// The smallest part of a host copy or fill given to a thread of its own.
-const MIN_PART: usize = 512 << 10;
+/// The smallest part of a host copy or fill given to a thread of its own. At 512 KiB a 4 MiB
+/// chunk into the device went to 8 threads, not [`MAX_HOST_THREADS`]; at 256 KiB it goes to
+/// all 12 (341 KiB each), as the C probe (`docs/probes/cuda-staging.c`) splits every chunk.
+const MIN_PART: usize = 256 << 10;
 
 type Job = Box<dyn FnOnce() + Send>;
 
