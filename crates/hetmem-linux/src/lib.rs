@@ -1,10 +1,11 @@
 //! The Linux platform layer below hetmem's backends: what every backend running on Linux
 //! shares (the host backend and the cuda backend alike): machine facts, NUMA,
-//! `/proc/self/maps`, errno translation, the IPC transport ([`broker`]: the per-process
-//! broker socket and `SCM_RIGHTS`), the streaming copies of the host's copy engine
-//! ([`copy::stream_copy`]) and of the cuda backend's staging ([`copy::stream_copy_any`]),
-//! and small named records other processes of the user read ([`records`]). One small function per syscall or file read, each naming
-//! it (rustix-style); no policy, and nothing of the specs. hetmem's backends call it and turn
+//! `/proc/self/maps`, errno translation, futex waits and wakes, the IPC transport
+//! ([`broker`]: the per-process broker socket and `SCM_RIGHTS`), the streaming copies of the
+//! host's copy engine ([`copy::stream_copy`]) and of the cuda backend's staging
+//! ([`copy::stream_copy_any`]), and small named records other processes of the user read
+//! ([`records`]). One small function per syscall or file read, each naming it
+//! (rustix-style); no policy, and nothing of the specs. hetmem's backends call it and turn
 //! its answers into their own types (`hetmem::backend`).
 
 pub mod broker;
@@ -242,6 +243,21 @@ pub fn host_protection(addr: usize, size: usize) -> Option<Protection> {
         }
     }
     None
+}
+
+/// Sleeps while `word` holds `expected` (`futex(2)` `FUTEX_WAIT_PRIVATE`, no timeout): returns
+/// at once if it does not, when [`futex_wake`] wakes it, or spuriously (a signal), so the
+/// caller re-checks what it waits for.
+pub fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32) {
+    use rustix::thread::futex;
+    let _ = futex::wait(word, futex::Flags::PRIVATE, expected, None);
+}
+
+/// Wakes up to `n` threads sleeping in [`futex_wait`] on `word` (`futex(2)`
+/// `FUTEX_WAKE_PRIVATE`; `n` above `i32::MAX` wakes `i32::MAX`, that is all of them).
+pub fn futex_wake(word: &std::sync::atomic::AtomicU32, n: u32) {
+    use rustix::thread::futex;
+    let _ = futex::wake(word, futex::Flags::PRIVATE, n.min(i32::MAX as u32));
 }
 
 /// Starts this process's IPC broker ([`broker::start_broker`]), the failure classified.
