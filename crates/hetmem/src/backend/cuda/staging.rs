@@ -39,8 +39,12 @@ pub(crate) const IN_CHUNK: usize = CHUNK / 2;
 /// GiB/s; host copies lose 10-25% while a DMA runs beside them). Through `hetmem bench cuda`
 /// the same two settings gave 30.8 / 32.4 and 30.5 / 36.3 GiB/s (two runs each), and 2 or 16
 /// MiB chunks, 6 buffers or `memcpy` in did no better: the fourth buffer keeps three DMAs
-/// queued while the host drains one (the way out gains about 10%); the way in stays where it
-/// was, short of the probe by costs of the engine's own not yet found.
+/// queued while the host drains one (the way out gains about 10%); the way in stayed where it
+/// was, short of the probe by costs of the engine's own. Those found since (issue 20), and
+/// removed, not yet measured on the H200: a 4 MiB chunk in went to 8 threads, not 12
+/// ([`MIN_PART`]); the pool woke its helpers one send at a time and the caller once per part
+/// ([`HostPool`]); the stores were 128-bit ([`HostPool::copy`]); and every queued copy with a
+/// `malloc`'d operand read the whole of `/proc/self/maps` (`hetmem_linux::host_protection`).
 pub(crate) const BUFFERS: usize = 4;
 /// Host threads (the dispatch thread included) that copy one chunk or fill one range.
 pub(crate) const MAX_HOST_THREADS: usize = 12;
