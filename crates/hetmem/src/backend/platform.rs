@@ -10,8 +10,8 @@ use super::{HalError, Protection, Result};
 
 pub(crate) use hetmem_linux::broker::broker_name;
 pub(crate) use hetmem_linux::{
-    check_readable, current_numa_node, mapping_count, monotonic_ns, numa_nodes, open_fd_count,
-    os_page_size, platform_facts, raise_fd_limit, total_ram, Errno,
+    check_readable, current_numa_node, futex_wait, futex_wake, mapping_count, monotonic_ns,
+    numa_nodes, open_fd_count, os_page_size, platform_facts, raise_fd_limit, total_ram, Errno,
 };
 
 impl From<hetmem_linux::OsError> for HalError {

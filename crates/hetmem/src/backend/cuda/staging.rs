@@ -14,11 +14,14 @@
 //! recorded behind its last DMA, and a copy into pageable memory returns only once its bytes
 //! are there (later work of the stream sees them).
 
-use std::sync::mpsc::{channel, Sender};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
+
+use crate::backend::platform::{futex_wait, futex_wake};
 
 /// Copies with a pageable side below this many bytes use `cuMemcpyAsync` directly (the
 /// driver stages them itself).
@@ -36,60 +39,197 @@ pub(crate) const IN_CHUNK: usize = CHUNK / 2;
 /// GiB/s; host copies lose 10-25% while a DMA runs beside them). Through `hetmem bench cuda`
 /// the same two settings gave 30.8 / 32.4 and 30.5 / 36.3 GiB/s (two runs each), and 2 or 16
 /// MiB chunks, 6 buffers or `memcpy` in did no better: the fourth buffer keeps three DMAs
-/// queued while the host drains one (the way out gains about 10%); the way in stays where it
-/// was, short of the probe by costs of the engine's own not yet found.
+/// queued while the host drains one (the way out gains about 10%); the way in stayed where it
+/// was, short of the probe by costs of the engine's own. Those found since (issue 20), and
+/// removed, not yet measured on the H200: a 4 MiB chunk in went to 8 threads, not 12
+/// ([`MIN_PART`]); the pool woke its helpers one send at a time and the caller once per part
+/// ([`HostPool`]); the stores were 128-bit ([`HostPool::copy`]); and every queued copy with a
+/// `malloc`'d operand read the whole of `/proc/self/maps` (`hetmem_linux::host_protection`).
 pub(crate) const BUFFERS: usize = 4;
 /// Host threads (the dispatch thread included) that copy one chunk or fill one range.
 pub(crate) const MAX_HOST_THREADS: usize = 12;
-/// The smallest part of a host copy or fill given to a thread of its own.
-const MIN_PART: usize = 512 << 10;
+/// The smallest part of a host copy or fill given to a thread of its own. At 512 KiB a 4 MiB
+/// chunk into the device went to 8 threads, not [`MAX_HOST_THREADS`]; at 256 KiB it goes to
+/// all 12 (341 KiB each), as the C probe (`docs/probes/cuda-staging.c`) splits every chunk.
+const MIN_PART: usize = 256 << 10;
+/// How long a helper waiting for its next part, and the caller waiting for the last part of a
+/// job, spin before they sleep on the futex (where the pool has no more threads than the
+/// machine has CPUs). Between two chunks of a staged copy the caller only queues a DMA and
+/// waits for a buffer's event (microseconds, at most about one chunk's DMA: 80 us for 4 MiB),
+/// so spinning spares the helpers a wake-up per chunk (the futex wake of every helper, and each
+/// CPU's way back from idle); a copy's first chunk still pays it after a pause longer than
+/// this. The C probe sleeps at once; this is the engine's own addition.
+const SPIN: Duration = Duration::from_micros(200);
 
-type Job = Box<dyn FnOnce() + Send>;
+/// What a job runs on each of its parts: `work(offset, len)`.
+type Work = Arc<dyn Fn(usize, usize) + Send + Sync>;
+
+/// One part of a job, in the slot of the helper that runs it.
+struct Part {
+    work: Work,
+    off: usize,
+    len: usize,
+}
+
+/// A value alone on its cache lines (two: the prefetcher fetches lines in pairs), so that a
+/// thread that writes one does not slow down the threads reading another.
+#[repr(align(128))]
+#[derive(Default)]
+struct Line<T>(T);
+
+/// What a pool's caller and its helpers share. A job is handed out as the probe's pool does it
+/// (`docs/probes/cuda-staging.c`: one generation, one broadcast): the caller puts each
+/// helper's part in its slot, bumps `generation` and wakes every sleeping helper with one
+/// `FUTEX_WAKE`; a helper that finds a part in its slot runs it, and the one that finishes
+/// the last part wakes the caller (only if it sleeps).
+#[derive(Default)]
+struct Shared {
+    /// Bumped once per job after the parts are in their slots (and at drop): the helpers
+    /// sleep on it (a futex word).
+    generation: Line<AtomicU32>,
+    /// Helpers sleeping on `generation` or about to: the caller wakes them only then.
+    sleepers: Line<AtomicU32>,
+    /// Parts handed to helpers and not finished: the caller sleeps on it until 0 (a futex
+    /// word). Set before the slots are filled, so no helper counts down before it is set.
+    left: Line<AtomicU32>,
+    /// Whether the caller sleeps on `left` or is about to: the last part wakes it only then.
+    caller_asleep: Line<AtomicBool>,
+    /// Set when the pool is dropped.
+    quit: AtomicBool,
+    /// How long the waits spin before they sleep.
+    spin: Duration,
+    /// Each helper's part of the current job, if it has one.
+    slots: Vec<Line<Mutex<Option<Part>>>>,
+}
+
+impl Shared {
+    /// A helper's loop: waits for each new generation, runs the part in slot `i` if there is
+    /// one, and counts it done.
+    fn helper(&self, i: usize) {
+        let mut seen = 0;
+        loop {
+            seen = self.next_generation(seen);
+            if self.quit.load(Ordering::Acquire) {
+                return;
+            }
+            // A helper given no part of a job finds its slot empty; one that was late finds
+            // the part of the job after (the caller fills slots only once every part handed
+            // out before is done, so a slot holds at most one part).
+            let Some(part) = self.slots[i].0.lock().take() else {
+                continue;
+            };
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                (part.work)(part.off, part.len)
+            }));
+            drop(part);
+            // SeqCst pairs with the caller's store of `caller_asleep` and load of `left`: the
+            // caller either sees 0 or is seen asleep and woken (the futex checks the value).
+            if self.left.0.fetch_sub(1, Ordering::SeqCst) == 1
+                && self.caller_asleep.0.load(Ordering::SeqCst)
+            {
+                futex_wake(&self.left.0, 1);
+            }
+        }
+    }
+
+    /// Waits until `generation` is no longer `seen` and returns it.
+    fn next_generation(&self, seen: u32) -> u32 {
+        loop {
+            let g = self.generation.0.load(Ordering::Acquire);
+            if g != seen {
+                return g;
+            }
+            if !self.spin_while(|| self.generation.0.load(Ordering::Relaxed) == seen) {
+                continue;
+            }
+            // SeqCst pairs with the caller's bump of `generation` and load of `sleepers`.
+            self.sleepers.0.fetch_add(1, Ordering::SeqCst);
+            if self.generation.0.load(Ordering::SeqCst) == seen {
+                futex_wait(&self.generation.0, seen);
+            }
+            self.sleepers.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Spins while `pending()`, for up to `self.spin`; whether it still is.
+    fn spin_while(&self, pending: impl Fn() -> bool) -> bool {
+        if self.spin.is_zero() {
+            return pending();
+        }
+        let start = Instant::now();
+        loop {
+            for _ in 0..64 {
+                if !pending() {
+                    return false;
+                }
+                std::hint::spin_loop();
+            }
+            if start.elapsed() >= self.spin {
+                return pending();
+            }
+        }
+    }
+
+    /// The caller's wait for every part handed out to be done.
+    fn wait_parts(&self) {
+        loop {
+            if self.left.0.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            if !self.spin_while(|| self.left.0.load(Ordering::Relaxed) != 0) {
+                continue;
+            }
+            self.caller_asleep.0.store(true, Ordering::SeqCst);
+            let v = self.left.0.load(Ordering::SeqCst);
+            if v != 0 {
+                futex_wait(&self.left.0, v);
+            }
+            self.caller_asleep.0.store(false, Ordering::Relaxed);
+        }
+    }
+}
 
 /// Helper threads for host copies and fills: a job is cut into parts, the caller runs the
-/// first and waits for the rest.
+/// first and waits for the rest (see [`Shared`] for the hand-off).
 pub(crate) struct HostPool {
-    workers: Vec<Sender<Job>>,
-    done: Arc<(Mutex<usize>, Condvar)>,
+    shared: Arc<Shared>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for HostPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "HostPool({} helpers)", self.workers.len())
+        write!(f, "HostPool({} helpers)", self.threads.len())
     }
 }
 
 impl HostPool {
-    /// A pool of `helpers` threads (fewer if the OS refuses some).
+    /// A pool of `helpers` threads (fewer if the OS refuses some), whose waits spin for
+    /// [`SPIN`] before they sleep if the machine has a CPU for each of its threads, else sleep
+    /// at once (a spinning thread would take a CPU from one that works).
     pub(crate) fn new(helpers: usize) -> HostPool {
-        let done = Arc::new((Mutex::new(0usize), Condvar::new()));
-        let (mut workers, mut threads) = (Vec::new(), Vec::new());
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        HostPool::with_spin(helpers, if helpers < cpus { SPIN } else { Duration::ZERO })
+    }
+
+    /// A pool of `helpers` threads whose waits spin for `spin` before they sleep.
+    fn with_spin(helpers: usize, spin: Duration) -> HostPool {
+        let shared = Arc::new(Shared {
+            slots: (0..helpers).map(|_| Line::default()).collect(),
+            spin,
+            ..Shared::default()
+        });
+        let mut threads = Vec::new();
         for i in 0..helpers {
-            let (tx, rx) = channel::<Job>();
-            let d = done.clone();
+            let sh = shared.clone();
             let t = std::thread::Builder::new()
                 .name(format!("hetmem-stage{i}"))
-                .spawn(move || {
-                    while let Ok(job) = rx.recv() {
-                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
-                        *d.0.lock() += 1;
-                        d.1.notify_all();
-                    }
-                });
+                .spawn(move || sh.helper(i));
             match t {
-                Ok(t) => {
-                    workers.push(tx);
-                    threads.push(t);
-                }
+                Ok(t) => threads.push(t),
                 Err(_) => break,
             }
         }
-        HostPool {
-            workers,
-            done,
-            threads,
-        }
+        HostPool { shared, threads }
     }
 
     /// The pool the engines use: [`MAX_HOST_THREADS`] threads in all, at most the machine's.
@@ -100,48 +240,60 @@ impl HostPool {
 
     /// Cuts `[0, len)` into at most one part per thread, each at least [`MIN_PART`] bytes and a
     /// multiple of `align` (but the last), and runs `f(offset, part_len)` on each, returning
-    /// once all have run.
+    /// once all have run. The calling thread runs the first part.
     pub(crate) fn split(
         &self,
         len: usize,
         align: usize,
-        f: impl Fn(usize, usize) + Send + Sync + Clone + 'static,
+        f: impl Fn(usize, usize) + Send + Sync + 'static,
     ) {
-        let parts = (len / MIN_PART).clamp(1, self.workers.len() + 1);
-        let mut step = len.div_ceil(parts);
-        step = step.div_ceil(align) * align;
-        let mut jobs = Vec::new();
-        let mut off = step;
-        while off < len {
-            let (o, n) = (off, step.min(len - off));
-            let g = f.clone();
-            jobs.push(Box::new(move || g(o, n)) as Job);
-            off += step;
+        // Only the helpers that started (the slots of the others are never read).
+        let helpers = self.threads.len();
+        let parts = (len / MIN_PART).clamp(1, helpers + 1);
+        let step = len.div_ceil(parts).div_ceil(align) * align;
+        if step >= len {
+            f(0, len);
+            return;
         }
-        let sent = jobs.len();
-        *self.done.0.lock() = 0;
-        for (w, j) in self.workers.iter().zip(jobs) {
-            // A helper that is gone has taken its job with it: count it as done.
-            if w.send(j).is_err() {
-                *self.done.0.lock() += 1;
-            }
+        // Parts after the first, one per helper: at most `parts - 1 <= helpers`.
+        let given = (len - step).div_ceil(step);
+        let sh = &*self.shared;
+        let work: Work = Arc::new(f);
+        sh.left.0.store(given as u32, Ordering::SeqCst);
+        for (i, slot) in sh.slots[..given].iter().enumerate() {
+            let off = (i + 1) * step;
+            *slot.0.lock() = Some(Part {
+                work: work.clone(),
+                off,
+                len: step.min(len - off),
+            });
         }
-        f(0, step.min(len));
-        let mut d = self.done.0.lock();
-        while *d < sent {
-            self.done.1.wait(&mut d);
+        // SeqCst pairs with a helper's increment of `sleepers` and load of `generation`.
+        sh.generation.0.fetch_add(1, Ordering::SeqCst);
+        if sh.sleepers.0.load(Ordering::SeqCst) > 0 {
+            futex_wake(&sh.generation.0, u32::MAX);
+        }
+        // The helpers run the caller's ranges: wait for them even if our part panics.
+        let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(0, step)));
+        sh.wait_parts();
+        if let Err(p) = mine {
+            std::panic::resume_unwind(p);
         }
     }
 
     /// Copies `len` bytes from `src` to `dst` (not overlapping) with the pool's threads, with
-    /// streaming stores ([`hetmem_linux::copy::stream_copy`]): for a destination that a DMA
-    /// reads next (a pinned staging buffer), or host memory a host copy fills.
+    /// streaming stores ([`hetmem_linux::copy::stream_copy_any`]: 256-bit where the CPU has
+    /// AVX2, whatever the alignment and length of each part): for a destination that a DMA
+    /// reads next (a pinned staging buffer), or host memory a host copy fills. It used
+    /// [`hetmem_linux::copy::stream_copy`], which streams 128 bits at a time and copies a
+    /// part whose length is not a multiple of 64 with `memcpy` whole; the C probe of this
+    /// pipeline (`docs/probes/cuda-staging.c`) streams 256 bits.
     ///
     /// # Safety
     /// `src` readable and `dst` writable for `len` bytes, not overlapping, until it returns.
     pub(crate) unsafe fn copy(&self, dst: usize, src: usize, len: usize) {
         // SAFETY: forwarded contract.
-        unsafe { self.copy_by(dst, src, len, hetmem_linux::copy::stream_copy) }
+        unsafe { self.copy_by(dst, src, len, hetmem_linux::copy::stream_copy_any) }
     }
 
     /// As [`HostPool::copy`] with the C library's `memcpy`: for the way out of a staging
@@ -154,10 +306,10 @@ impl HostPool {
     /// # Safety
     /// As [`HostPool::copy`].
     pub(crate) unsafe fn copy_cached(&self, dst: usize, src: usize, len: usize) {
-        /// `memcpy` in [`hetmem_linux::copy::stream_copy`]'s argument order.
+        /// `memcpy` in [`hetmem_linux::copy::stream_copy_any`]'s argument order.
         ///
         /// # Safety
-        /// As `stream_copy`.
+        /// As `stream_copy_any`.
         unsafe fn memcpy(dst: usize, src: usize, n: usize) {
             // SAFETY: the caller's ranges, not overlapping.
             unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n) }
@@ -200,7 +352,10 @@ impl HostPool {
 
 impl Drop for HostPool {
     fn drop(&mut self) {
-        self.workers.clear();
+        // No job runs (`split` holds `&self` until its parts are done).
+        self.shared.quit.store(true, Ordering::Release);
+        self.shared.generation.0.fetch_add(1, Ordering::SeqCst);
+        futex_wake(&self.shared.generation.0, u32::MAX);
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -287,6 +442,8 @@ pub(crate) unsafe fn stage_out<D: Dma>(
 /// An engine's pinned staging buffers and their events, made on first use.
 pub(crate) struct Staging {
     bufs: Vec<(usize, sys::CUevent, bool)>,
+    /// The buffers' addresses (those of `bufs`), for [`stage_in`] / [`stage_out`].
+    ptrs: Vec<usize>,
     pub(crate) pool: HostPool,
 }
 
@@ -330,6 +487,7 @@ impl Staging {
     pub(crate) fn new() -> Option<Staging> {
         let mut s = Staging {
             bufs: Vec::new(),
+            ptrs: Vec::new(),
             pool: HostPool::for_machine(),
         };
         for _ in 0..BUFFERS {
@@ -346,6 +504,7 @@ impl Staging {
                 }
             }
             s.bufs.push((p as usize, e, false));
+            s.ptrs.push(p as usize);
         }
         Some(s)
     }
@@ -364,7 +523,7 @@ impl Staging {
         src: usize,
         size: usize,
     ) {
-        let ptrs: Vec<usize> = self.bufs.iter().map(|b| b.0).collect();
+        let ptrs = &self.ptrs;
         let mut dma = StreamDma {
             stream,
             bufs: &mut self.bufs,
@@ -373,9 +532,9 @@ impl Staging {
         // SAFETY: forwarded contract; the buffers are ours, CHUNK bytes each.
         unsafe {
             if into_device {
-                stage_in(&mut dma, &self.pool, &ptrs, dst, src, size)
+                stage_in(&mut dma, &self.pool, ptrs, dst, src, size)
             } else {
-                stage_out(&mut dma, &self.pool, &ptrs, dst, src, size)
+                stage_out(&mut dma, &self.pool, ptrs, dst, src, size)
             }
         }
     }
@@ -451,6 +610,88 @@ mod tests {
                 let chunk = if into_device { IN_CHUNK } else { CHUNK };
                 assert_eq!(dma.copies, size.div_ceil(chunk));
             }
+        }
+    }
+
+    /// Runs one split of `len` bytes on `pool` and checks that its parts cover `[0, len)`
+    /// once, each a multiple of 64 but the last, each on a thread of its own, as many as
+    /// `len` has [`MIN_PART`]s (at least one, at most the pool's threads); `slow` makes the
+    /// parts at offsets it picks take a millisecond (so the caller, or the helpers, sleep).
+    fn check_split(pool: &HostPool, len: usize, slow: fn(usize) -> bool) {
+        let runs = Arc::new(Mutex::new(Vec::new()));
+        let r = runs.clone();
+        pool.split(len, 64, move |o, n| {
+            if slow(o) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            r.lock().push((o, n, std::thread::current().id()));
+        });
+        let mut v = runs.lock().clone();
+        v.sort_by_key(|p| p.0);
+        let mut at = 0;
+        for &(o, n, _) in &v {
+            assert_eq!(o, at, "{len}: {v:?}");
+            assert!(n > 0 && (o + n == len || n % 64 == 0), "{len}: {v:?}");
+            at += n;
+        }
+        assert_eq!(at, len);
+        let threads: std::collections::HashSet<_> = v.iter().map(|p| p.2).collect();
+        assert_eq!(threads.len(), v.len(), "{len}: {v:?}");
+        assert_eq!(v.len(), (len / MIN_PART).clamp(1, pool.threads.len() + 1));
+    }
+
+    /// Job after job, each part runs once on a thread of its own, for jobs of one part up to
+    /// more parts than the pool has threads (helpers given no part of one job and a part of
+    /// the next), with the caller or the helpers finishing last, and with pauses between jobs
+    /// in which the helpers go to sleep; with waits that spin first and waits that do not.
+    #[test]
+    fn the_pool_runs_every_part_once_job_after_job() {
+        for spin in [Duration::ZERO, SPIN] {
+            pool_runs_every_part_once(&HostPool::with_spin(5, spin));
+        }
+    }
+
+    fn pool_runs_every_part_once(pool: &HostPool) {
+        let lens = [
+            1,
+            MIN_PART,
+            2 * MIN_PART + 1,
+            3 * MIN_PART,
+            7 * MIN_PART + 5,
+            64 * MIN_PART,
+        ];
+        for k in 0..3000 {
+            check_split(pool, lens[k % lens.len()], |_| false);
+        }
+        for k in 0..30 {
+            let len = lens[k % lens.len()];
+            check_split(pool, len, |o| o == 0);
+            check_split(pool, len, |o| o != 0);
+            // Longer than the spin: the helpers sleep.
+            std::thread::sleep(SPIN + Duration::from_millis(1));
+        }
+    }
+
+    /// A part that panics, on a helper or on the caller, ends neither the pool nor the wait for
+    /// the other parts: the caller's panic is raised once every part is done.
+    #[test]
+    fn a_panicking_part_leaves_the_pool_working() {
+        let pool = HostPool::new(3);
+        let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for panics_at in [MIN_PART, 0] {
+            let d = done.clone();
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                pool.split(4 * MIN_PART, 64, move |o, _| {
+                    if o == panics_at {
+                        panic!("part at {o}");
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                    d.fetch_add(1, Ordering::SeqCst);
+                })
+            }));
+            assert_eq!(r.is_err(), panics_at == 0);
+            assert_eq!(done.swap(0, Ordering::SeqCst), 3);
+            check_split(&pool, 4 * MIN_PART, |_| false);
         }
     }
 
