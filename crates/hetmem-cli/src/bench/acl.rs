@@ -356,10 +356,36 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
 
     acl(&api, (api.free_physical)(ph), "aclrtFreePhysical")?;
     acl(&api, (api.release)(va), "aclrtReleaseMemAddress")?;
-    let sleep = super::acl_vmm::rows(&api, &ctx, &dev, cuda, iters.min(128), rounds)?;
+    let sleep = super::acl_vmm::rows(&api, &ctx, &dev, cuda, iters.min(128), rounds, false)?;
     acl(&api, (api.free)(am), "aclrtFree")?;
     acl(&api, (api.destroy_stream)(s), "aclrtDestroyStream")?;
     acl(&api, (api.finalize)(), "aclFinalize")?;
+    // The sleep-mode rows once more with one instance of everything: the C entry points of the
+    // library linked into this executable, and the Rust calls on that library's own current
+    // context (see `acl_vmm`'s docs: the rows above pit two copies of hetmem against each
+    // other, each with its own state).
+    let linked = Api::linked();
+    // SAFETY: the C entry points with a null configuration path.
+    acl(
+        &linked,
+        unsafe { (linked.init)(std::ptr::null()) },
+        "aclInit",
+    )?;
+    acl(&linked, (linked.set_device)(0), "aclrtSetDevice")?;
+    let own = ascendcl::state::fast_global()
+        .and_then(|g| g.current().cloned())
+        .map_err(|f| f.msg)?;
+    let same = super::acl_vmm::rows(
+        &linked,
+        &own.ctx,
+        &own.dev,
+        cuda,
+        iters.min(128),
+        rounds,
+        true,
+    )?;
+    drop(own);
+    acl(&linked, (linked.finalize)(), "aclFinalize")?;
     ctx.free_reservation(r).map_err(e2s)?;
     ctx.destroy_physical_memory(phys).map_err(e2s)?;
     ctx.free_managed(m).map_err(e2s)?;
@@ -371,5 +397,6 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
         );
     }
     rows.extend(sleep);
+    rows.extend(same);
     Ok(rows)
 }
