@@ -16,7 +16,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
 use parking_lot::Mutex;
@@ -52,14 +51,6 @@ pub(crate) const MAX_HOST_THREADS: usize = 12;
 /// chunk into the device went to 8 threads, not [`MAX_HOST_THREADS`]; at 256 KiB it goes to
 /// all 12 (341 KiB each), as the C probe (`docs/probes/cuda-staging.c`) splits every chunk.
 const MIN_PART: usize = 256 << 10;
-/// How long a helper waiting for its next part, and the caller waiting for the last part of a
-/// job, spin before they sleep on the futex (where the pool has no more threads than the
-/// machine has CPUs). Between two chunks of a staged copy the caller only queues a DMA and
-/// waits for a buffer's event (microseconds, at most about one chunk's DMA: 80 us for 4 MiB),
-/// so spinning spares the helpers a wake-up per chunk (the futex wake of every helper, and each
-/// CPU's way back from idle); a copy's first chunk still pays it after a pause longer than
-/// this. The C probe sleeps at once; this is the engine's own addition.
-const SPIN: Duration = Duration::from_micros(200);
 
 /// What a job runs on each of its parts: `work(offset, len)`.
 type Work = Arc<dyn Fn(usize, usize) + Send + Sync>;
@@ -96,8 +87,6 @@ struct Shared {
     caller_asleep: Line<AtomicBool>,
     /// Set when the pool is dropped.
     quit: AtomicBool,
-    /// How long the waits spin before they sleep.
-    spin: Duration,
     /// Each helper's part of the current job, if it has one.
     slots: Vec<Line<Mutex<Option<Part>>>>,
 }
@@ -139,9 +128,6 @@ impl Shared {
             if g != seen {
                 return g;
             }
-            if !self.spin_while(|| self.generation.0.load(Ordering::Relaxed) == seen) {
-                continue;
-            }
             // SeqCst pairs with the caller's bump of `generation` and load of `sleepers`.
             self.sleepers.0.fetch_add(1, Ordering::SeqCst);
             if self.generation.0.load(Ordering::SeqCst) == seen {
@@ -151,33 +137,11 @@ impl Shared {
         }
     }
 
-    /// Spins while `pending()`, for up to `self.spin`; whether it still is.
-    fn spin_while(&self, pending: impl Fn() -> bool) -> bool {
-        if self.spin.is_zero() {
-            return pending();
-        }
-        let start = Instant::now();
-        loop {
-            for _ in 0..64 {
-                if !pending() {
-                    return false;
-                }
-                std::hint::spin_loop();
-            }
-            if start.elapsed() >= self.spin {
-                return pending();
-            }
-        }
-    }
-
     /// The caller's wait for every part handed out to be done.
     fn wait_parts(&self) {
         loop {
             if self.left.0.load(Ordering::Acquire) == 0 {
                 return;
-            }
-            if !self.spin_while(|| self.left.0.load(Ordering::Relaxed) != 0) {
-                continue;
             }
             self.caller_asleep.0.store(true, Ordering::SeqCst);
             let v = self.left.0.load(Ordering::SeqCst);
@@ -203,19 +167,10 @@ impl std::fmt::Debug for HostPool {
 }
 
 impl HostPool {
-    /// A pool of `helpers` threads (fewer if the OS refuses some), whose waits spin for
-    /// [`SPIN`] before they sleep if the machine has a CPU for each of its threads, else sleep
-    /// at once (a spinning thread would take a CPU from one that works).
+    /// A pool of `helpers` threads (fewer if the OS refuses some).
     pub(crate) fn new(helpers: usize) -> HostPool {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        HostPool::with_spin(helpers, if helpers < cpus { SPIN } else { Duration::ZERO })
-    }
-
-    /// A pool of `helpers` threads whose waits spin for `spin` before they sleep.
-    fn with_spin(helpers: usize, spin: Duration) -> HostPool {
         let shared = Arc::new(Shared {
             slots: (0..helpers).map(|_| Line::default()).collect(),
-            spin,
             ..Shared::default()
         });
         let mut threads = Vec::new();
@@ -622,7 +577,7 @@ mod tests {
         let r = runs.clone();
         pool.split(len, 64, move |o, n| {
             if slow(o) {
-                std::thread::sleep(Duration::from_millis(1));
+                std::thread::sleep(std::time::Duration::from_millis(1));
             }
             r.lock().push((o, n, std::thread::current().id()));
         });
@@ -643,15 +598,10 @@ mod tests {
     /// Job after job, each part runs once on a thread of its own, for jobs of one part up to
     /// more parts than the pool has threads (helpers given no part of one job and a part of
     /// the next), with the caller or the helpers finishing last, and with pauses between jobs
-    /// in which the helpers go to sleep; with waits that spin first and waits that do not.
+    /// in which the helpers go to sleep.
     #[test]
     fn the_pool_runs_every_part_once_job_after_job() {
-        for spin in [Duration::ZERO, SPIN] {
-            pool_runs_every_part_once(&HostPool::with_spin(5, spin));
-        }
-    }
-
-    fn pool_runs_every_part_once(pool: &HostPool) {
+        let pool = HostPool::new(5);
         let lens = [
             1,
             MIN_PART,
@@ -661,14 +611,13 @@ mod tests {
             64 * MIN_PART,
         ];
         for k in 0..3000 {
-            check_split(pool, lens[k % lens.len()], |_| false);
+            check_split(&pool, lens[k % lens.len()], |_| false);
         }
-        for k in 0..30 {
+        for k in 0..60 {
             let len = lens[k % lens.len()];
-            check_split(pool, len, |o| o == 0);
-            check_split(pool, len, |o| o != 0);
-            // Longer than the spin: the helpers sleep.
-            std::thread::sleep(SPIN + Duration::from_millis(1));
+            check_split(&pool, len, |o| o == 0);
+            check_split(&pool, len, |o| o != 0);
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
 
@@ -685,7 +634,7 @@ mod tests {
                     if o == panics_at {
                         panic!("part at {o}");
                     }
-                    std::thread::sleep(Duration::from_millis(2));
+                    std::thread::sleep(std::time::Duration::from_millis(2));
                     d.fetch_add(1, Ordering::SeqCst);
                 })
             }));
