@@ -40,10 +40,14 @@ pub(crate) const IN_CHUNK: usize = CHUNK / 2;
 /// MiB chunks, 6 buffers or `memcpy` in did no better: the fourth buffer keeps three DMAs
 /// queued while the host drains one (the way out gains about 10%); the way in stayed where it
 /// was, short of the probe by costs of the engine's own. Those found since (issue 20), and
-/// removed, not yet measured on the H200: a 4 MiB chunk in went to 8 threads, not 12
-/// ([`MIN_PART`]); the pool woke its helpers one send at a time and the caller once per part
-/// ([`HostPool`]); the stores were 128-bit ([`HostPool::copy`]); and every queued copy with a
-/// `malloc`'d operand read the whole of `/proc/self/maps` (`hetmem_linux::host_protection`).
+/// removed: a 4 MiB chunk in went to 8 threads, not 12 ([`MIN_PART`]); the pool woke its
+/// helpers one send at a time and the caller once per part ([`HostPool`]); the stores were
+/// 128-bit ([`HostPool::copy`]); and every queued copy with a `malloc`'d operand read the whole
+/// of `/proc/self/maps` (`hetmem_linux::host_protection`). Measured on the H200 on 2026-12-04
+/// (three runs each, in turn with the old code switched back in the same build): malloc->device
+/// 34.3-38.2 GiB/s (0.75-0.85 of the USM copy) against 31.9-34.9, device->malloc 38.2-44.0
+/// (0.82-0.92) against 37.1-40.0. Short of the probe's 38-39 in, the way in is now where the
+/// machine's memory puts it; a spin before the waits sleep bought nothing there.
 pub(crate) const BUFFERS: usize = 4;
 /// Host threads (the dispatch thread included) that copy one chunk or fill one range.
 pub(crate) const MAX_HOST_THREADS: usize = 12;
