@@ -282,6 +282,9 @@ pub unsafe extern "C" fn aclrtMallocPhysical(
             _ => c.gran,
         };
         hetmem::acl::check_vmm_size(size, gran)?;
+        // Numbered before the allocation (a refused one leaves a gap: handles are never
+        // reused anyway), while the counter's cache line is still warm.
+        let h = state::fresh_handle(4);
         let mem = match &dev {
             Some(d) => c.ctx.create_physical_memory(
                 Some(d),
@@ -294,20 +297,21 @@ pub unsafe extern "C" fn aclrtMallocPhysical(
                 size,
             )?,
         };
-        let h = register(&g, c.clone(), mem, p);
+        register(&g, h, c.clone(), mem, p);
         // SAFETY: non-null out-pointer.
         unsafe { out(handle, h as *mut libc::c_void) };
         Ok(())
     })
 }
 
+/// Files `mem` as the physical memory handle `h` (a [`state::fresh_handle`] of kind 4).
 fn register(
     g: &state::Global,
+    h: usize,
     ctx: Arc<Ctx>,
     mem: hetmem::PhysicalMemory,
     prop: AclPhysicalMemProp,
-) -> usize {
-    let h = state::fresh_handle(4);
+) {
     g.reg.lock().objects.insert(
         h,
         Arc::new(Phys {
@@ -319,7 +323,6 @@ fn register(
             exported: Default::default(),
         }),
     );
-    h
 }
 
 /// `aclrtFreePhysical`: releases physical memory (made or imported); its export, if any, ends
@@ -405,16 +408,38 @@ pub(crate) fn map_mem(
         hetmem::acl::check_flags_zero(flags)?;
         hetmem::acl::check_nonzero(size, "size")?;
         let va = vir_ptr as usize;
-        // One hold of the registry: map never waits for device work, so holding it is short.
-        let mut reg = g.reg.lock();
+        // One hold of the registry: map never waits for device work, so holding it is short
+        // (and the handle is borrowed, not counted). The mapping's record is filed before the
+        // map (taken back if it is refused): after a driver call that long, little of what the
+        // library touches is still in the caches.
+        let mut guard = g.reg.lock();
+        let reg = &mut *guard;
         let h = handle as usize;
         let p = reg
-            .get::<Phys>(h)
+            .objects
+            .get(&h)
+            .and_then(|o| (o.as_ref() as &dyn std::any::Any).downcast_ref::<Phys>())
             .ok_or_else(|| state::bad_handle("physical memory handle", h))?;
         hetmem::acl::check_vmm_size(size, p.ctx.gran)?;
-        p.ctx.ctx.map(va, size, p.mem, offset, access)?;
-        let ctx = p.ctx.clone();
-        reg.mappings.insert(va, (size, ctx));
+        // A record already at `va` stays (the map is refused: it overlaps that mapping).
+        let filed = match reg.mappings.entry(va) {
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert((size, p.ctx.clone()));
+                true
+            }
+            std::collections::btree_map::Entry::Occupied(_) => false,
+        };
+        if let Err(e) = p.ctx.ctx.map(va, size, p.mem, offset, access) {
+            if filed {
+                reg.mappings.remove(&va);
+            }
+            return Err(e.into());
+        }
+        if !filed {
+            // hetmem mapped where a stale record was: this mapping's record replaces it.
+            let ctx = p.ctx.clone();
+            reg.mappings.insert(va, (size, ctx));
+        }
         Ok(())
     }
 }
@@ -524,8 +549,10 @@ pub unsafe extern "C" fn aclrtMemImportFromShareableHandle(
         let dev = g.device(device_id as i64)?;
         let c = g.current()?;
         let mem = c.ctx.acl_import_shareable(shareable, &dev)?;
-        let ph = register(
+        let ph = state::fresh_handle(4);
+        register(
             &g,
+            ph,
             c.clone(),
             mem,
             AclPhysicalMemProp::imported(device_id as u32),
