@@ -162,6 +162,10 @@ impl Shared {
 pub(crate) struct HostPool {
     shared: Arc<Shared>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// Held for the whole of a job: the slots and the count of parts left are one job's at a
+    /// time. (An engine's pool has one caller, its dispatch thread; the lock makes a second
+    /// caller wait rather than corrupt the hand-off.)
+    job: Mutex<()>,
 }
 
 impl std::fmt::Debug for HostPool {
@@ -188,7 +192,11 @@ impl HostPool {
                 Err(_) => break,
             }
         }
-        HostPool { shared, threads }
+        HostPool {
+            shared,
+            threads,
+            job: Mutex::new(()),
+        }
     }
 
     /// The pool the engines use: [`MAX_HOST_THREADS`] threads in all, at most the machine's.
@@ -216,6 +224,7 @@ impl HostPool {
         }
         // Parts after the first, one per helper: at most `parts - 1 <= helpers`.
         let given = (len - step).div_ceil(step);
+        let _job = self.job.lock();
         let sh = &*self.shared;
         let work: Work = Arc::new(f);
         sh.left.0.store(given as u32, Ordering::SeqCst);
