@@ -218,9 +218,11 @@ pub extern "C" fn aclrtReleaseMemAddress(vir_ptr: *mut libc::c_void) -> AclError
         if p == 0 {
             return Err(null("virPtr"));
         }
-        // Taken out first (one hold of the registry), put back if the free is refused; the
-        // free may wait for device work, so it runs with the registry released.
-        let (r, mapped) = {
+        // Taken out first with the records of its mappings (one hold of the registry), put
+        // back if the free is refused; the free may wait for device work, so it runs with the
+        // registry released. (Records taken after the free could be those of a new reservation
+        // another thread made at the same address meanwhile.)
+        let (r, maps) = {
             let mut reg = g.reg.lock();
             let Some(r) = reg.reservations.remove(&p) else {
                 return Err(hetmem::Error::InvalidArgument(format!(
@@ -228,25 +230,24 @@ pub extern "C" fn aclrtReleaseMemAddress(vir_ptr: *mut libc::c_void) -> AclError
                 ))
                 .into());
             };
-            let mapped = reg.mappings.range(p..p + r.r.size).next().is_some();
-            (r, mapped)
-        };
-        if let Err(e) = r.ctx.ctx.free(r.r.base, r.r.size) {
-            g.reg.lock().reservations.insert(p, r);
-            return Err(e.into());
-        }
-        // The free unmapped what was still mapped inside: its records go too (a sleep-mode
-        // allocator unmaps first, so this hold is rare).
-        if mapped {
-            let mut reg = g.reg.lock();
-            let maps: Vec<usize> = reg
+            // Empty, and allocating nothing, where everything was unmapped first (the
+            // sleep-mode allocator's way).
+            let keys: Vec<usize> = reg
                 .mappings
                 .range(p..p + r.r.size)
                 .map(|(&k, _)| k)
                 .collect();
-            for m in maps {
-                reg.mappings.remove(&m);
-            }
+            let maps: Vec<_> = keys
+                .into_iter()
+                .filter_map(|k| reg.mappings.remove_entry(&k))
+                .collect();
+            (r, maps)
+        };
+        if let Err(e) = r.ctx.ctx.free(r.r.base, r.r.size) {
+            let mut reg = g.reg.lock();
+            reg.reservations.insert(p, r);
+            reg.mappings.extend(maps);
+            return Err(e.into());
         }
         Ok(())
     })
@@ -335,10 +336,11 @@ pub extern "C" fn aclrtFreePhysical(handle: *mut libc::c_void) -> AclError {
     entry("aclrtFreePhysical", || {
         let g = state::fast_global()?;
         let h = handle as usize;
-        // One hold of the registry: a retain given back, or the handle taken out (put back if
-        // the memory cannot go, e.g. while it is mapped).
+        // The handle stays filed while hetmem is asked (a refused free changes nothing, and
+        // other threads, a reset or aclFinalize meanwhile see it as it is); only a free that
+        // succeeded takes it out.
         let p = {
-            let mut reg = g.reg.lock();
+            let reg = g.reg.lock();
             let p = reg
                 .peek::<Phys>(h)
                 .ok_or_else(|| state::bad_handle("physical memory handle", h))?;
@@ -351,13 +353,11 @@ pub extern "C" fn aclrtFreePhysical(handle: *mut libc::c_void) -> AclError {
             if retained.is_ok() {
                 return Ok(());
             }
-            reg.remove::<Phys>(h)
+            reg.get::<Phys>(h)
                 .ok_or_else(|| state::bad_handle("physical memory handle", h))?
         };
-        if let Err(e) = p.ctx.ctx.destroy_physical_memory(p.mem) {
-            g.reg.lock().objects.insert(h, p);
-            return Err(e.into());
-        }
+        p.ctx.ctx.destroy_physical_memory(p.mem)?;
+        g.reg.lock().remove::<Phys>(h);
         p.unexport();
         Ok(())
     })

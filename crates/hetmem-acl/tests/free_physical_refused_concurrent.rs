@@ -1,8 +1,7 @@
-//! Review (027f4fb / 20509cc): `aclrtFreePhysical` takes the handle out of the registry before
-//! `destroy_physical_memory` and puts it back if the destroy is refused. A free that is refused
-//! (the memory is still mapped) changes nothing, so a call on the same handle from another
-//! thread must see a live handle whatever the interleaving; during the window it is not found
-//! (107000).
+//! A refused `aclrtFreePhysical` (the memory still mapped) changes nothing, so a call on the
+//! same handle from another thread sees a live handle whatever the interleaving. (A free that
+//! took the handle out of the registry while it asked hetmem, and put it back when refused,
+//! made 771,000 of 13.7 million lookups on the other thread answer 107000.)
 
 use std::ffi::c_void;
 use std::ptr::null_mut;
@@ -37,9 +36,15 @@ fn a_refused_free_on_one_thread_leaves_the_handle_live_for_another() {
         let mut g = 0usize;
         ok(vmm::aclrtMemGetAllocationGranularity(&p, 0, &mut g), "gran");
         let mut va: *mut c_void = null_mut();
-        ok(vmm::aclrtReserveMemAddress(&mut va, g, 0, null_mut(), 0), "reserve");
+        ok(
+            vmm::aclrtReserveMemAddress(&mut va, g, 0, null_mut(), 0),
+            "reserve",
+        );
         let mut ph: *mut c_void = null_mut();
-        ok(vmm::aclrtMallocPhysical(&mut ph, g, &p, 0), "malloc physical");
+        ok(
+            vmm::aclrtMallocPhysical(&mut ph, g, &p, 0),
+            "malloc physical",
+        );
         ok(vmm::aclrtMapMem(va, g, 0, ph, 0), "map");
         let phv = ph as usize;
         let stop = AtomicBool::new(false);
@@ -56,7 +61,8 @@ fn a_refused_free_on_one_thread_leaves_the_handle_live_for_another() {
             let t = std::time::Instant::now();
             while t.elapsed() < std::time::Duration::from_secs(2) {
                 let mut q = prop();
-                let r = access::aclrtMemGetAllocationPropertiesFromHandle(phv as *mut c_void, &mut q);
+                let r =
+                    access::aclrtMemGetAllocationPropertiesFromHandle(phv as *mut c_void, &mut q);
                 calls += 1;
                 if r != 0 {
                     lost += 1;
@@ -72,6 +78,9 @@ fn a_refused_free_on_one_thread_leaves_the_handle_live_for_another() {
         ok(vmm::aclrtFreePhysical(ph), "free");
         ok(vmm::aclrtReleaseMemAddress(va), "release");
         ok(setup::aclFinalize(), "aclFinalize");
-        assert_eq!(lost, 0, "a live physical handle was not found while a refused free ran");
+        assert_eq!(
+            lost, 0,
+            "a live physical handle was not found while a refused free ran"
+        );
     }
 }

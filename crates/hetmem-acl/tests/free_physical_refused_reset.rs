@@ -1,8 +1,9 @@
-//! Review (027f4fb / 20509cc): `aclrtFreePhysical` takes the handle out of the registry and
-//! puts it back if the destroy is refused. An `aclrtResetDevice` on another thread in that
-//! window tears the context down without the handle; the put-back then files it again: the
-//! handle of a reset context stays live (it must be 107000 after the reset, as every object
-//! made in the context), holding the torn-down context (and its hetmem context) alive.
+//! A refused `aclrtFreePhysical` (the memory still mapped) changes nothing, whatever another
+//! thread does meanwhile: an `aclrtResetDevice` on another thread during refused frees tears
+//! the handle down with its context (107000 afterwards, as every object made in the context),
+//! and leaves nothing of the context in the registry. (A free that took the handle out of the
+//! registry while it asked hetmem, and put it back when refused, left 62 of 300 handles live
+//! after their context's reset.)
 
 use std::ffi::c_void;
 use std::ptr::null_mut;
@@ -40,9 +41,15 @@ fn a_handle_of_a_reset_context_is_not_live() {
             let mut g = 0usize;
             ok(vmm::aclrtMemGetAllocationGranularity(&p, 0, &mut g), "gran");
             let mut va: *mut c_void = null_mut();
-            ok(vmm::aclrtReserveMemAddress(&mut va, g, 0, null_mut(), 0), "reserve");
+            ok(
+                vmm::aclrtReserveMemAddress(&mut va, g, 0, null_mut(), 0),
+                "reserve",
+            );
             let mut ph: *mut c_void = null_mut();
-            ok(vmm::aclrtMallocPhysical(&mut ph, g, &p, 0), "malloc physical");
+            ok(
+                vmm::aclrtMallocPhysical(&mut ph, g, &p, 0),
+                "malloc physical",
+            );
             ok(vmm::aclrtMapMem(va, g, 0, ph, 0), "map");
             let phv = ph as usize;
             let started = AtomicBool::new(false);
@@ -72,5 +79,8 @@ fn a_handle_of_a_reset_context_is_not_live() {
         eprintln!("{resurrected} of {trials} handles live after their context's reset; {left} objects left in the registry");
         ok(setup::aclFinalize(), "aclFinalize");
     }
-    assert_eq!(resurrected, 0, "a physical handle outlived its context's reset");
+    assert_eq!(
+        resurrected, 0,
+        "a physical handle outlived its context's reset"
+    );
 }
