@@ -62,7 +62,9 @@ fn a_handle_of_a_reset_context_is_not_live() {
                         assert_eq!(vmm::aclrtFreePhysical(phv as *mut c_void), 107000);
                     }
                 });
-                while !started.load(Ordering::Acquire) {}
+                while !started.load(Ordering::Acquire) {
+                    std::hint::spin_loop();
+                }
                 for _ in 0..200 {
                     std::hint::spin_loop();
                 }
