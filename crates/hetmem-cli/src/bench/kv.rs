@@ -15,8 +15,19 @@
 //! faulting one advises only), each against its own raw sequence.
 //!
 //! Both sides map contiguous pages of one reservation (a slot growing), objects and memfds are
-//! populated by the warm-up round (a pool's objects have been used before), and the rounds
+//! populated before the rounds (a pool's objects have been used before), and the rounds
 //! alternate which side goes first.
+//!
+//! The first touch interleaves the sides, 2 MiB by 2 MiB (hetmem's object 0, memfd 0, hetmem's
+//! object 1, ...), so that neither side's memory is touched in one block before the other's.
+//! On the project's 2-core VM, two identical copies of the raw sequence differ by that alone
+//! (`docs/probes/kv-first-touch.c`): the copy whose memory was touched first in one block
+//! released 1.10-1.36x and grew 1.04-1.26x slower than the other in every run, whichever copy
+//! it was; with the first touch interleaved they read 0.89-1.06x (release) and 0.96-1.12x
+//! (grow), noise of a loaded machine. The warm-up round used to touch hetmem's pool first, which
+//! put that difference on hetmem's side of every ratio here (release 1.25-1.66x, grow against
+//! populate 1.02-1.52x, with the same syscalls on both sides; 0.97-1.01x and 1.01-1.10x with the
+//! first touch interleaved).
 
 use std::time::Instant;
 
@@ -107,58 +118,80 @@ fn pass(args: &Args, huge: bool) -> Result<Vec<Row>, String> {
         }
         Ok((grow, t.elapsed().as_nanos() as f64 / n as f64))
     };
-    let raw_phase = |populate: bool| -> Result<(f64, f64), String> {
+    // The raw grow of page `i`: map memfd `i` there (populated or not), then the first writes.
+    let raw_grow = |i: usize, populate: bool| -> Result<(), String> {
         // 2 MiB folios: the advice before any touch, then the populate as hetmem's map does.
         let extra = if populate && !huge {
             MapFlags::POPULATE
         } else {
             MapFlags::empty()
         };
-        let t = Instant::now();
-        for (i, fd) in fds.iter().enumerate() {
-            let addr = raw_base + i * PAGE;
-            // SAFETY: inside our raw reservation; MAP_FIXED replaces our own placeholder.
-            unsafe {
-                rustix::mm::mmap(
-                    addr as *mut _,
-                    PAGE,
-                    ProtFlags::READ | ProtFlags::WRITE,
-                    MapFlags::SHARED | MapFlags::FIXED | extra,
-                    fd,
-                    0,
-                )
-                .map_err(|e| e.to_string())?;
-                if huge {
-                    rustix::mm::madvise(addr as *mut _, PAGE, Advice::LinuxHugepage)
+        let addr = raw_base + i * PAGE;
+        // SAFETY: inside our raw reservation; MAP_FIXED replaces our own placeholder.
+        unsafe {
+            rustix::mm::mmap(
+                addr as *mut _,
+                PAGE,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED | MapFlags::FIXED | extra,
+                &fds[i],
+                0,
+            )
+            .map_err(|e| e.to_string())?;
+            if huge {
+                rustix::mm::madvise(addr as *mut _, PAGE, Advice::LinuxHugepage)
+                    .map_err(|e| e.to_string())?;
+                if populate {
+                    rustix::mm::madvise(addr as *mut _, PAGE, Advice::LinuxPopulateRead)
                         .map_err(|e| e.to_string())?;
-                    if populate {
-                        rustix::mm::madvise(addr as *mut _, PAGE, Advice::LinuxPopulateRead)
-                            .map_err(|e| e.to_string())?;
-                    }
                 }
-                first_writes(addr, PAGE, os_page);
             }
+            first_writes(addr, PAGE, os_page);
+        }
+        Ok(())
+    };
+    // The raw release of page `i`: the placeholder back over it.
+    let raw_release_page = |i: usize| -> Result<(), String> {
+        // SAFETY: inside our raw reservation.
+        unsafe {
+            rustix::mm::mmap_anonymous(
+                (raw_base + i * PAGE) as *mut _,
+                PAGE,
+                ProtFlags::empty(),
+                MapFlags::PRIVATE | MapFlags::NORESERVE | MapFlags::FIXED,
+            )
+        }
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+    };
+    let raw_phase = |populate: bool| -> Result<(f64, f64), String> {
+        let t = Instant::now();
+        for i in 0..n {
+            raw_grow(i, populate)?;
         }
         let grow = t.elapsed().as_nanos() as f64 / n as f64;
         let t = Instant::now();
         for i in (0..n).rev() {
-            // SAFETY: inside our raw reservation.
-            unsafe {
-                rustix::mm::mmap_anonymous(
-                    (raw_base + i * PAGE) as *mut _,
-                    PAGE,
-                    ProtFlags::empty(),
-                    MapFlags::PRIVATE | MapFlags::NORESERVE | MapFlags::FIXED,
-                )
-                .map_err(|e| e.to_string())?;
-            }
+            raw_release_page(i)?;
         }
         Ok((grow, t.elapsed().as_nanos() as f64 / n as f64))
     };
 
+    // First touch, the two sides interleaved 2 MiB by 2 MiB (see the module docs).
+    for (i, phys) in pool.iter().enumerate() {
+        let addr = res.base + i * PAGE;
+        ctx.map(addr, PAGE, *phys, 0, AccessAttribute::ReadWrite)
+            .map_err(e2s)?;
+        // SAFETY: just mapped read-write; ours alone.
+        unsafe { first_writes(addr, PAGE, os_page) };
+        ctx.unmap(addr, PAGE).map_err(e2s)?;
+        raw_grow(i, true)?;
+        raw_release_page(i)?;
+    }
+
     let (mut grow_h, mut release_h) = (Vec::new(), Vec::new());
     let (mut grow_b, mut release_b, mut grow_p) = (Vec::new(), Vec::new(), Vec::new());
-    // Round 0 is a warm-up (it also populates every object and memfd); the order rotates.
+    // Round 0 is a warm-up; the order rotates.
     for round in 0..=args.rounds {
         let mut h = (0.0, 0.0);
         let mut b = (0.0, 0.0);
