@@ -1,7 +1,8 @@
 //! On the host backend a readable map fills the page table of its whole range in the call
 //! (`MAP_POPULATE`): the mapping is resident before anything touches it, so first accesses do not
 //! fault. A map with access NONE populates nothing. Checked with the kernel's own count of the
-//! mapping's resident pages (`Rss` in `/proc/self/smaps`). An IPC view is the exception: its
+//! mapping's resident pages (`Rss` in `/proc/self/smaps`, with `*_Hugetlb` for reserved huge
+//! pages). An IPC view is the exception: its
 //! page table fills on first touch (it shows memory its exporter owns).
 
 mod common;
@@ -16,7 +17,9 @@ use hetmem::{AccessAttribute, PhysicalMemoryFlags, Runtime};
 
 /// `Rss` in KiB of the mapping (VMA) that starts at `addr`, from `/proc/self/smaps`.
 fn rss_kib(addr: usize) -> Option<u64> {
-    smaps_kib(addr, &["Rss:"])
+    // Pages of a hugetlbfs object (reserved huge pages) count as `Shared_Hugetlb` /
+    // `Private_Hugetlb`, not `Rss`.
+    smaps_kib(addr, &["Rss:", "Shared_Hugetlb:", "Private_Hugetlb:"])
 }
 
 /// The sum of `fields` (kB) of the mapping starting at `addr` in `/proc/self/smaps`: the fields
