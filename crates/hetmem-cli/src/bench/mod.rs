@@ -91,6 +91,88 @@ pub fn leak(s: String) -> &'static str {
     Box::leak(s.into_boxed_str())
 }
 
+/// The 2 MiB page kind of physical objects on a host runtime that takes huge pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HugeKind {
+    /// Reserved hugetlbfs pages (`vm.nr_hugepages`).
+    Hugetlb,
+    /// Shmem THP folios.
+    Thp,
+}
+
+impl HugeKind {
+    /// The suffix of the JSON keys of its rows.
+    pub fn key_suffix(self) -> &'static str {
+        match self {
+            HugeKind::Hugetlb => "_hugetlb",
+            HugeKind::Thp => "_huge",
+        }
+    }
+
+    /// The mark of its rows in the table.
+    pub fn mark(self) -> &'static str {
+        match self {
+            HugeKind::Hugetlb => "2M hugetlb",
+            HugeKind::Thp => "2M",
+        }
+    }
+}
+
+/// The 2 MiB page kind the physical objects of a group's 2 MiB rows get, for `pages` objects of
+/// 2 MiB on each side (hetmem's and the raw sequence's): hugetlbfs where the machine has
+/// reserved 2 MiB pages and `2 * pages` of them are free (the runtime takes them first), shmem
+/// THP where none are reserved and shmem THP is on; `Err` says why neither.
+pub fn physical_huge_kind(pages: u64) -> Result<HugeKind, String> {
+    let read = |f: &str| -> u64 {
+        std::fs::read_to_string(format!("/sys/kernel/mm/hugepages/hugepages-2048kB/{f}"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let (total, free) = (read("nr_hugepages"), read("free_hugepages"));
+    if total == 0 {
+        return huge_pages_available(None).map(|()| HugeKind::Thp);
+    }
+    if free >= 2 * pages {
+        Ok(HugeKind::Hugetlb)
+    } else {
+        Err(format!(
+            "{free} of {total} reserved 2 MiB pages are free, the rows need {} (as root: sysctl \
+             vm.nr_hugepages={}, or 0 for shmem THP rows)",
+            2 * pages,
+            total - free + 2 * pages + 16
+        ))
+    }
+}
+
+/// A hugetlbfs memfd of `size` bytes (a 2 MiB multiple) with its pages allocated and the seals
+/// of hetmem's objects: `memfd_create(MFD_HUGETLB | MFD_HUGE_2MB | MFD_ALLOW_SEALING)`,
+/// `ftruncate`, `fallocate`, `F_ADD_SEALS` (the host backend's hugetlbfs physical object).
+pub fn raw_hugetlb_memfd(size: usize) -> Result<OwnedFd, String> {
+    let fd = rustix::fs::memfd_create(
+        "bench-huge",
+        MemfdFlags::CLOEXEC
+            | MemfdFlags::ALLOW_SEALING
+            | MemfdFlags::HUGETLB
+            | MemfdFlags::HUGE_2MB,
+    )
+    .map_err(|e| format!("memfd_create(MFD_HUGETLB): {e}"))?;
+    rustix::fs::ftruncate(&fd, size as u64).map_err(|e| e.to_string())?;
+    rustix::fs::fallocate(&fd, rustix::fs::FallocateFlags::empty(), 0, size as u64)
+        .map_err(|e| format!("fallocate of a hugetlbfs memfd: {e}"))?;
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL)
+        .map_err(|e| e.to_string())?;
+    Ok(fd)
+}
+
+/// Free reserved 2 MiB pages now.
+pub fn hugetlb_free() -> u64 {
+    std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// The machine's 2 MiB pages for the rows of both page kinds: `Err` says why a group's 2 MiB
 /// rows cannot run here. `hugetlb_pages`: reserved 2 MiB pages the group needs free
 /// (managed memory); else shmem THP must be enabled for 2 MiB (physical objects).
@@ -106,7 +188,8 @@ pub fn huge_pages_available(hugetlb_pages: Option<u64>) -> Result<(), String> {
                 Ok(())
             } else {
                 Err(format!(
-                    "{free} reserved 2 MiB pages are free, the group needs {need}                      (vm.nr_hugepages; as root: sysctl vm.nr_hugepages={})",
+                    "{free} reserved 2 MiB pages are free, the group needs {need} \
+                     (vm.nr_hugepages; as root: sysctl vm.nr_hugepages={})",
                     need + 16
                 ))
             }
@@ -126,7 +209,8 @@ pub fn huge_pages_available(hugetlb_pages: Option<u64>) -> Result<(), String> {
                 Ok(())
             } else {
                 Err(format!(
-                    "shmem THP for 2 MiB is {mode} (as root: echo advise >                      {thp}/shmem_enabled)"
+                    "shmem THP for 2 MiB is {mode} (as root: echo advise > \
+                     {thp}/shmem_enabled)"
                 ))
             }
         }

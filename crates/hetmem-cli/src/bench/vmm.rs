@@ -8,8 +8,8 @@ use hetmem::{AccessAttribute, Context, Device, PhysicalMemoryFlags, Reservation}
 use rustix::mm::{MapFlags, MprotectFlags, ProtFlags};
 
 use super::{
-    alternate, e2s, json_extra, key, median, raw_memfd, raw_release, raw_reserve, size_name, Args,
-    Row, Unit,
+    alternate, e2s, json_extra, key, median, raw_hugetlb_memfd, raw_memfd, raw_release,
+    raw_reserve, size_name, Args, HugeKind, Row, Unit,
 };
 
 pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
@@ -21,17 +21,18 @@ pub fn bench(args: &Args) -> Result<Vec<Row>, String> {
     for page in [small, large] {
         rows.push(reserve_free(&ctx, args, page)?);
         rows.push(create_destroy(&ctx, &dev, args, page)?);
-        rows.extend(map_unmap(&ctx, &dev, args, page, false)?);
+        rows.extend(map_unmap(&ctx, &dev, args, page, None)?);
         rows.push(set_access(&ctx, &dev, args, page)?);
     }
-    // Map and unmap of 2 MiB pages in 2 MiB shmem THP folios, against the same raw sequence.
-    match super::huge_pages_available(None) {
-        Ok(()) => {
+    // Map and unmap of 2 MiB pages in 2 MiB pages (reserved hugetlbfs pages, else shmem THP
+    // folios), against the same raw sequence.
+    match super::physical_huge_kind(1) {
+        Ok(kind) => {
             let (_rt2, dev2, ctx2) = crate::common::one_device_pages(8 << 30, true)?;
-            for r in map_unmap(&ctx2, &dev2, args, large, true)? {
+            for r in map_unmap(&ctx2, &dev2, args, large, Some(kind))? {
                 rows.push(Row {
-                    op: leak(format!("{} 2M", r.op)),
-                    key: format!("{}_huge", r.key),
+                    op: leak(format!("{} {}", r.op, kind.mark())),
+                    key: format!("{}{}", r.key, kind.key_suffix()),
                     ..r
                 });
             }
@@ -113,16 +114,18 @@ fn create_destroy(ctx: &Context, dev: &Device, args: &Args, page: usize) -> Resu
 }
 
 /// Map `n` pages at distinct addresses, then unmap them, timed separately. `huge`: the runtime
-/// takes 2 MiB shmem THP folios, and the raw sequence advises and populates as its map does
+/// takes 2 MiB pages of that kind, and so does the raw sequence: a hugetlbfs memfd mapped with
+/// `MAP_POPULATE` (reserved pages), or shmem advised and populated as the map does THP folios
 /// (`mmap`, `madvise(MADV_HUGEPAGE)`, `madvise(MADV_POPULATE_READ)`).
 fn map_unmap(
     ctx: &Context,
     dev: &Device,
     args: &Args,
     page: usize,
-    huge: bool,
+    huge: Option<HugeKind>,
 ) -> Result<Vec<Row>, String> {
     let n = args.iters;
+    let thp = huge == Some(HugeKind::Thp);
     // Every other page is left unmapped so that neither side gets merged VMAs.
     let span = 2 * n * page;
     let res = ctx.reserve(None, span).map_err(e2s)?;
@@ -130,7 +133,11 @@ fn map_unmap(
         .create_physical_memory(Some(dev), PhysicalMemoryFlags::AllocateOnDevice, page)
         .map_err(e2s)?;
     let raw_base = raw_reserve(span, page)?;
-    let fd = raw_memfd(page)?;
+    let fd = if huge == Some(HugeKind::Hugetlb) {
+        raw_hugetlb_memfd(page)?
+    } else {
+        raw_memfd(page)?
+    };
     let mut map_h = Vec::new();
     let mut map_b = Vec::new();
     let mut unmap_h = Vec::new();
@@ -164,7 +171,7 @@ fn map_unmap(
                     page,
                     ProtFlags::READ | ProtFlags::WRITE,
                     // The host backend's map populates the page table (MAP_POPULATE).
-                    if huge {
+                    if thp {
                         MapFlags::SHARED | MapFlags::FIXED
                     } else {
                         MapFlags::SHARED | MapFlags::FIXED | MapFlags::POPULATE
@@ -173,7 +180,7 @@ fn map_unmap(
                     0,
                 )
                 .map_err(|e| e.to_string())?;
-                if huge {
+                if thp {
                     let a = (raw_base + 2 * i * page) as *mut _;
                     rustix::mm::madvise(a, page, rustix::mm::Advice::LinuxHugepage)
                         .map_err(|e| e.to_string())?;
@@ -225,10 +232,10 @@ fn map_unmap(
             key: key("map", page),
             hetmem_ns: median(map_h),
             baseline_ns: Some(median(map_b)),
-            baseline: if huge {
-                "mmap(SHARED|FIXED) + MADV_HUGEPAGE + MADV_POPULATE_READ"
-            } else {
-                "mmap(SHARED|FIXED|POPULATE, memfd)"
+            baseline: match huge {
+                Some(HugeKind::Thp) => "mmap(SHARED|FIXED) + MADV_HUGEPAGE + MADV_POPULATE_READ",
+                Some(HugeKind::Hugetlb) => "mmap(SHARED|FIXED|POPULATE, hugetlbfs memfd)",
+                None => "mmap(SHARED|FIXED|POPULATE, memfd)",
             },
             target: (page == 2 << 20).then_some("<= 1.3x"),
         },

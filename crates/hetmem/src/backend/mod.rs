@@ -305,7 +305,9 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Creates a physical memory object of `size` bytes at `location`.
     ///
     /// CUDA: one `cuMemCreate` of the whole size with `CU_MEM_LOCATION_TYPE_DEVICE` (or
-    /// `_HOST_NUMA`) and a POSIX-fd shareable handle type. Host: `memfd_create` + `ftruncate` + `F_ADD_SEALS(GROW|SHRINK|SEAL)`.
+    /// `_HOST_NUMA`) and a POSIX-fd shareable handle type. Host: `memfd_create` + `ftruncate` + `F_ADD_SEALS(GROW|SHRINK|SEAL)`;
+    /// of a 2 MiB multiple, a hugetlbfs memfd while reserved huge pages are free (see the host
+    /// backend's `hugetlb` module: it becomes shmem at the first use of a piece).
     fn create_physical(&self, location: PhysicalLocation, size: usize) -> Result<RawPhysical>;
 
     /// Destroys a physical memory object.

@@ -4,16 +4,18 @@
 //! (about 170 us for a populated object on the project's 2-core VM), one 2 MiB entry costs one
 //! (about 13-15 us). The host backend takes 2 MiB pages where the machine offers them:
 //!
-//! - **Physical objects** (`zePhysicalMemCreate`) stay memfds (shmem), mapped in pieces of any
-//!   base-page multiple as before; where shmem transparent huge pages are enabled for 2 MiB
+//! - **Physical objects** (`zePhysicalMemCreate`) of 2 MiB multiples are hugetlbfs memfds
+//!   where reserved huge pages (`vm.nr_hugepages`) are free for the whole object, one PMD entry
+//!   per 2 MiB mapped; the first use of a piece of one (or its IPC export) makes it shmem
+//!   ([`super::hugetlb`]). Other objects are memfds (shmem), mapped in pieces of any base-page
+//!   multiple as before; where shmem transparent huge pages are enabled for 2 MiB
 //!   (`/sys/kernel/mm/transparent_hugepage/shmem_enabled`, or its `hugepages-2048kB` override,
 //!   set to `always`, `within_size`, `advise` or `force`), a map whose address and object
 //!   offset are 2 MiB-aligned and that covers at least one 2 MiB page is made with
 //!   `madvise(MADV_HUGEPAGE)` and populated by `madvise(MADV_POPULATE_READ)` instead of
 //!   `MAP_POPULATE`, so the kernel allocates and maps the object's memory in 2 MiB folios (one
 //!   PMD entry each). Where no 2 MiB folio is free the kernel uses 4 KiB pages: no map fails
-//!   for it. (hugetlbfs is not used for physical objects: a hugetlbfs mapping cannot be split
-//!   below 2 MiB, and the specification lets a 2 MiB object be mapped in 64 KiB pieces.)
+//!   for it.
 //! - **Managed memory**: the host backing of a managed allocation (whose pages are always
 //!   whole 2 MiB units) is a hugetlbfs memfd (`memfd_create(MFD_HUGETLB | MFD_HUGE_2MB)`)
 //!   where reserved huge pages (`vm.nr_hugepages`) are free for the whole allocation, so a
@@ -105,23 +107,39 @@ impl HugePages {
         self.allowed && self.hugetlb_total > 0
     }
 
+    /// Physical objects of 2 MiB multiples try hugetlbfs first (reserved huge pages exist;
+    /// [`super::hugetlb`]).
+    pub(crate) fn hugetlb_objects(&self) -> bool {
+        self.allowed && self.hugetlb_total > 0
+    }
+
     /// One line for `hetmem info`: which page kind each kind of memory uses, and why.
     pub(crate) fn describe(&self) -> String {
         if !self.allowed {
             return "4 KiB pages for all memory (HETMEM_HOST_HUGE_PAGES=off)".into();
         }
-        let phys = if self.thp_maps() {
+        let rest = if self.thp_maps() {
             format!(
-                "physical objects: 2 MiB shmem THP folios where a map is 2 MiB-aligned \
-                 (shmem_enabled={}; 4 KiB where none is free)",
+                "2 MiB shmem THP folios where a map is 2 MiB-aligned (shmem_enabled={}; 4 KiB \
+                 where none is free)",
                 self.shmem_thp
             )
         } else {
             format!(
-                "physical objects: 4 KiB pages (shmem THP for 2 MiB is {}: set \
+                "4 KiB pages (shmem THP for 2 MiB is {}: set \
                  /sys/kernel/mm/transparent_hugepage/shmem_enabled to advise for 2 MiB folios)",
                 self.shmem_thp
             )
+        };
+        let phys = if self.hugetlb_objects() {
+            format!(
+                "physical objects: 2 MiB hugetlbfs pages for sizes of 2 MiB multiples while \
+                 reserved ones are free (vm.nr_hugepages={}, {} free at start; an object \
+                 becomes shmem at the first use of a piece of it or its IPC export), else {rest}",
+                self.hugetlb_total, self.hugetlb_free
+            )
+        } else {
+            format!("physical objects: {rest}")
         };
         let managed = if self.hugetlb_managed() {
             format!(

@@ -6,9 +6,9 @@
 //! |---|---|
 //! | reserve | `mmap(PROT_NONE, MAP_PRIVATE \| MAP_ANONYMOUS \| MAP_NORESERVE [\| MAP_FIXED_NOREPLACE])` of the exact size where the kernel aligns it (page alignment; 2 MiB multiples up to 2 MiB alignment), else of size + alignment and `munmap` of the slack |
 //! | release | `munmap(2)` |
-//! | create physical | `memfd_create(2)`, `ftruncate(2)`, `fcntl(F_ADD_SEALS)` |
+//! | create physical | `memfd_create(2)`, `ftruncate(2)`, `fcntl(F_ADD_SEALS)`; of a 2 MiB multiple while reserved huge pages are free, `memfd_create(MFD_HUGETLB \| MFD_HUGE_2MB)`, `ftruncate`, `fallocate(2)`, `F_ADD_SEALS` ([`hugetlb`]) |
 //! | destroy physical | `close(2)` |
-//! | map | `mmap(MAP_SHARED \| MAP_FIXED \| MAP_POPULATE, memfd, offset)` (no `MAP_POPULATE` for access NONE); with shmem THP, a 2 MiB-aligned map is `mmap(MAP_SHARED \| MAP_FIXED)`, `madvise(MADV_HUGEPAGE)`, `madvise(MADV_POPULATE_READ)` ([`huge`]) |
+//! | map | `mmap(MAP_SHARED \| MAP_FIXED \| MAP_POPULATE, memfd, offset)` (no `MAP_POPULATE` for access NONE); with shmem THP, a 2 MiB-aligned map is `mmap(MAP_SHARED \| MAP_FIXED)`, `madvise(MADV_HUGEPAGE)`, `madvise(MADV_POPULATE_READ)` ([`huge`]); a piece of a hugetlbfs object splits it into shmem first ([`hugetlb`]) |
 //! | map an IPC view | `mmap(MAP_SHARED \| MAP_FIXED, memfd, offset)` (filled on first touch, never huge-advised or populated) |
 //! | unmap | `mmap(PROT_NONE, MAP_FIXED \| MAP_NORESERVE)` (the placeholder comes back) |
 //! | protect | `mprotect(2)` |
@@ -37,6 +37,7 @@
 
 pub(crate) mod engine;
 pub(crate) mod huge;
+mod hugetlb;
 pub(crate) mod managed;
 mod managed_ops;
 mod residency;
@@ -64,6 +65,8 @@ pub(crate) struct HostBackend {
     devices: Vec<DeviceInfo>,
     /// The page kinds taken for 2 MiB-and-larger memory ([`huge`]).
     huge: huge::HugePages,
+    /// Physical objects on reserved hugetlbfs pages and their mappings ([`hugetlb`]).
+    hugetlb: hugetlb::HugetlbObjects,
 }
 
 impl HostBackend {
@@ -92,6 +95,7 @@ impl HostBackend {
         HostBackend {
             devices,
             huge: huge::HugePages::probe(huge_pages),
+            hugetlb: hugetlb::HugetlbObjects::default(),
         }
     }
 }
@@ -258,7 +262,14 @@ pub(crate) fn sealed_memfd(size: usize) -> Result<OwnedFd> {
 pub(crate) fn sized_memfd(name: &str, size: u64) -> Result<OwnedFd> {
     let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
         .map_err(|e| os_error("memfd_create", e))?;
-    // ftruncate past RLIMIT_FSIZE raises SIGXFSZ, which kills the process: refuse first.
+    check_file_size(size)?;
+    rustix::fs::ftruncate(&fd, size).map_err(|e| os_error("ftruncate(memfd)", e))?;
+    Ok(fd)
+}
+
+/// `ftruncate` past `RLIMIT_FSIZE` raises `SIGXFSZ`, which kills the process: refuses a file of
+/// `size` bytes first (`getrlimit(2)`).
+pub(crate) fn check_file_size(size: u64) -> Result<()> {
     if let Some(limit) = rustix::process::getrlimit(rustix::process::Resource::Fsize).current {
         if size > limit {
             return Err(HalError::OutOfHostMemory(format!(
@@ -267,8 +278,7 @@ pub(crate) fn sized_memfd(name: &str, size: u64) -> Result<OwnedFd> {
             )));
         }
     }
-    rustix::fs::ftruncate(&fd, size).map_err(|e| os_error("ftruncate(memfd)", e))?;
-    Ok(fd)
+    Ok(())
 }
 
 /// `mmap(addr, size, prot, MAP_SHARED | MAP_FIXED | extra, memfd, phys_offset)` of physical
@@ -349,14 +359,22 @@ impl Backend for HostBackend {
         // a VMA, which is refused at the limit: the free then fails cleanly, changing nothing.)
         // SAFETY: the caller guarantees this is exactly one of our reservations; its mappings
         // go with it.
-        unsafe { self.release(addr, size) }
+        self.hugetlb
+            .release(addr, size, || unsafe { self.release(addr, size) })
     }
 
     fn create_physical(&self, _location: PhysicalLocation, size: usize) -> Result<RawPhysical> {
+        // Reserved 2 MiB pages where they are free ([`hugetlb`]), else shmem.
+        if self.huge.hugetlb_objects() && size.is_multiple_of(huge::HUGE) {
+            if let Some(fd) = self.hugetlb.create(size) {
+                return Ok(RawPhysical(fd.into_raw_fd() as u64));
+            }
+        }
         Ok(RawPhysical(sealed_memfd(size)?.into_raw_fd() as u64))
     }
 
     unsafe fn destroy_physical(&self, raw: RawPhysical) {
+        self.hugetlb.destroyed(raw.0 as i32);
         // SAFETY: the caller passes ownership of an fd made by create_physical.
         drop(unsafe { OwnedFd::from_raw_fd(raw.0 as i32) });
     }
@@ -378,6 +396,11 @@ impl Backend for HostBackend {
         };
         // SAFETY: the fd is alive while the semantics layer holds the object.
         let fd = unsafe { BorrowedFd::borrow_raw(raw.0 as i32) };
+        // A hugetlbfs object, in whole 2 MiB pages (a piece of one splits it first: [`hugetlb`]).
+        // SAFETY: forwarded contract.
+        if let Some(r) = unsafe { self.hugetlb.map(addr, size, fd, phys_offset, prot) } {
+            return r;
+        }
         // 2 MiB folios where shmem THP is on and the map can hold one (see [`huge`]).
         let huge = self.huge.thp_maps()
             && prot != Protection::None
@@ -426,9 +449,14 @@ impl Backend for HostBackend {
     }
 
     unsafe fn unmap(&self, addr: usize, size: usize) -> Result<()> {
-        // SAFETY: the range is mapped pages of our own reservation.
-        unsafe { restore_placeholder(addr, size) }
-            .map_err(|e| os_error("mmap(PROT_NONE, MAP_FIXED) to unmap", e))
+        // SAFETY: the range is mapped pages of our own reservation (a hugetlbfs object's
+        // mapping cut inside a 2 MiB page is split first: [`hugetlb`]).
+        unsafe {
+            self.hugetlb.change(addr, size, None, || {
+                restore_placeholder(addr, size)
+                    .map_err(|e| os_error("mmap(PROT_NONE, MAP_FIXED) to unmap", e))
+            })
+        }
     }
 
     fn alloc(
@@ -482,9 +510,14 @@ impl Backend for HostBackend {
     }
 
     unsafe fn protect(&self, addr: usize, size: usize, prot: Protection) -> Result<()> {
-        // SAFETY: the range is mapped pages of our own reservation.
-        unsafe { rustix::mm::mprotect(addr as *mut _, size, mprotect_flags(prot)) }
-            .map_err(|e| os_error("mprotect", e))
+        // SAFETY: the range is mapped pages of our own reservation (a hugetlbfs object's
+        // mapping cut inside a 2 MiB page is split first: [`hugetlb`]).
+        unsafe {
+            self.hugetlb.change(addr, size, Some(prot), || {
+                rustix::mm::mprotect(addr as *mut _, size, mprotect_flags(prot))
+                    .map_err(|e| os_error("mprotect", e))
+            })
+        }
     }
 
     fn managed(
@@ -512,6 +545,9 @@ impl Backend for HostBackend {
         raw: RawPhysical,
         _covered: &[(usize, usize)],
     ) -> Result<Vec<SharedPart>> {
+        // An importer may map any piece, and sees this memory from now on: a hugetlbfs object
+        // becomes shmem first ([`hugetlb`]).
+        self.hugetlb.before_export(raw.0 as i32)?;
         // SAFETY: the fd is alive while the semantics layer holds the object (it holds its lock).
         Ok(vec![memfd_part(
             unsafe { BorrowedFd::borrow_raw(raw.0 as i32) },
