@@ -216,7 +216,19 @@ pub fn mapping_count() -> usize {
 /// a `malloc`'d operand; the query costs an `open`, one `ioctl` per mapping the range
 /// spans and a `close`.
 pub fn host_protection(addr: usize, size: usize) -> Option<Protection> {
-    host_protection_by_query(addr, size).unwrap_or_else(|_| host_protection_from_text(addr, size))
+    use std::sync::atomic::Ordering::Relaxed;
+    // Set once the kernel answered that it has no `PROCMAP_QUERY`: later calls read the text
+    // at once instead of paying an open and a failing ioctl first.
+    static NO_QUERY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !NO_QUERY.load(Relaxed) {
+        match host_protection_by_query(addr, size) {
+            Ok(p) => return p,
+            Err(Errno::NOTTY) => NO_QUERY.store(true, Relaxed),
+            // Another failure (out of fds, say) may pass: the text answers this time.
+            Err(_) => {}
+        }
+    }
+    host_protection_from_text(addr, size)
 }
 
 /// `struct procmap_query` of `linux/fs.h` (Linux 6.11), the argument of `PROCMAP_QUERY`.
