@@ -109,6 +109,12 @@ pub fn downcast<T: Object>(o: Arc<dyn Object>) -> Option<Arc<T>> {
     any.downcast::<T>().ok()
 }
 
+/// The object `h` of `objects` (a [`Registry`]'s) if it is a `T`, borrowed (no reference
+/// counted; the registry's other maps stay free to change).
+pub fn peek<T: Object>(objects: &HashMap<usize, Arc<dyn Object>>, h: usize) -> Option<&T> {
+    (objects.get(&h)?.as_ref() as &dyn Any).downcast_ref::<T>()
+}
+
 /// Every handle the library has given out, by kind.
 #[derive(Debug, Default)]
 pub struct Registry {
@@ -130,11 +136,6 @@ impl Registry {
     /// The object `h` if it is a `T`.
     pub fn get<T: Object>(&self, h: usize) -> Option<Arc<T>> {
         self.objects.get(&h).cloned().and_then(downcast::<T>)
-    }
-
-    /// The object `h` if it is a `T`, borrowed (no reference counted).
-    pub fn peek<T: Object>(&self, h: usize) -> Option<&T> {
-        (self.objects.get(&h)?.as_ref() as &dyn Any).downcast_ref::<T>()
     }
 
     /// Takes the object `h` out if it is a `T` (an object of another type stays).

@@ -339,23 +339,16 @@ pub extern "C" fn aclrtFreePhysical(handle: *mut libc::c_void) -> AclError {
         // The handle stays filed while hetmem is asked (a refused free changes nothing, and
         // other threads, a reset or aclFinalize meanwhile see it as it is); only a free that
         // succeeded takes it out.
-        let p = {
-            let reg = g.reg.lock();
-            let p = reg
-                .peek::<Phys>(h)
-                .ok_or_else(|| state::bad_handle("physical memory handle", h))?;
-            // A retain of aclrtMemRetainAllocationHandle given back: the memory stays.
-            let retained = p.retains.fetch_update(
-                std::sync::atomic::Ordering::AcqRel,
-                std::sync::atomic::Ordering::Acquire,
-                |r| r.checked_sub(1),
-            );
-            if retained.is_ok() {
-                return Ok(());
-            }
-            reg.get::<Phys>(h)
-                .ok_or_else(|| state::bad_handle("physical memory handle", h))?
-        };
+        let p = g.phys(h)?;
+        // A retain of aclrtMemRetainAllocationHandle given back: the memory stays.
+        let retained = p.retains.fetch_update(
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+            |r| r.checked_sub(1),
+        );
+        if retained.is_ok() {
+            return Ok(());
+        }
         p.ctx.ctx.destroy_physical_memory(p.mem)?;
         g.reg.lock().remove::<Phys>(h);
         p.unexport();
@@ -415,30 +408,17 @@ pub(crate) fn map_mem(
         let mut guard = g.reg.lock();
         let reg = &mut *guard;
         let h = handle as usize;
-        let p = reg
-            .objects
-            .get(&h)
-            .and_then(|o| (o.as_ref() as &dyn std::any::Any).downcast_ref::<Phys>())
+        let p = state::peek::<Phys>(&reg.objects, h)
             .ok_or_else(|| state::bad_handle("physical memory handle", h))?;
         hetmem::acl::check_vmm_size(size, p.ctx.gran)?;
-        // A record already at `va` stays (the map is refused: it overlaps that mapping).
-        let filed = match reg.mappings.entry(va) {
-            std::collections::btree_map::Entry::Vacant(e) => {
-                e.insert((size, p.ctx.clone()));
-                true
-            }
-            std::collections::btree_map::Entry::Occupied(_) => false,
-        };
+        let before = reg.mappings.insert(va, (size, p.ctx.clone()));
         if let Err(e) = p.ctx.ctx.map(va, size, p.mem, offset, access) {
-            if filed {
-                reg.mappings.remove(&va);
-            }
+            // Refused: the registry as it was.
+            match before {
+                Some(b) => reg.mappings.insert(va, b),
+                None => reg.mappings.remove(&va),
+            };
             return Err(e.into());
-        }
-        if !filed {
-            // hetmem mapped where a stale record was: this mapping's record replaces it.
-            let ctx = p.ctx.clone();
-            reg.mappings.insert(va, (size, ctx));
         }
         Ok(())
     }
