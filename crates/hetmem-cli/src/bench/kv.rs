@@ -279,7 +279,7 @@ fn pass(args: &Args, huge: Option<HugeKind>) -> Result<Vec<Row>, String> {
                 Some(HugeKind::Hugetlb) => "mmap(MAP_FIXED|MAP_POPULATE) hugetlbfs + writes",
                 None => "mmap(MAP_FIXED|MAP_POPULATE) + writes",
             },
-            target: Some("<= 1.1x"),
+            target: Some("<= 1.05x"),
         },
         Row {
             unit: Unit::Ns,
@@ -289,7 +289,7 @@ fn pass(args: &Args, huge: Option<HugeKind>) -> Result<Vec<Row>, String> {
             hetmem_ns: median(release_h),
             baseline_ns: Some(median(release_b)),
             baseline: "mmap(PROT_NONE, MAP_FIXED)",
-            target: Some("<= 1.1x"),
+            target: Some("<= 1.05x"),
         },
     ])
 }

@@ -256,29 +256,34 @@ fn pass(args: &Args, huge: bool) -> Result<Vec<Row>, String> {
             "fault to host, in order",
             "fault_sequential_1gib",
             seq,
-            Some(">= 0.8x"),
+            Some(">= 0.85x"),
         ),
         row(
             "fault to host, random",
             "fault_random_1gib",
             rand,
-            Some(">= 0.5x"),
+            Some(">= 0.85x"),
         ),
         row(
             "prefetch to device",
             "prefetch_to_device_1gib",
             to_dev,
-            Some(">= 0.8x"),
+            Some(">= 0.85x"),
         ),
         row(
             "prefetch to host",
             "prefetch_to_host_1gib",
             to_host,
-            Some(">= 0.8x"),
+            Some(">= 0.85x"),
         ),
         Row {
             baseline: "memcpy (reference: the runtime's page copy alone)",
-            ..row("streaming page copy", "stream_copy_1gib", stream, None)
+            ..row(
+                "streaming page copy",
+                "stream_copy_1gib",
+                stream,
+                Some(">= 0.95x"),
+            )
         },
         latency(
             "fault p50, in order",
