@@ -51,7 +51,7 @@ use std::collections::VecDeque;
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
@@ -254,11 +254,16 @@ fn serve(listener: OwnedFd, handler: BrokerHandler) {
         // Strangers are dropped at once, before anything is read.
         let cred = match rustix::net::sockopt::socket_peercred(&conn) {
             Ok(c) if c.uid == me => c,
-            _ => continue,
+            _ => {
+                drop(conn);
+                CONNECTIONS_DISPATCHED.fetch_add(1, Ordering::AcqRel);
+                continue;
+            }
         };
         // Bounded: a flood of peers of our uid cannot exhaust threads or fds.
         let peer = cred.pid.as_raw_nonzero().get() as u32;
         dispatch(conn, peer, &handler);
+        CONNECTIONS_DISPATCHED.fetch_add(1, Ordering::AcqRel);
     }
 }
 
@@ -287,10 +292,15 @@ fn pool() -> std::sync::MutexGuard<'static, Pool> {
 /// Hands an accepted peer to an idle worker, or to a new one (at most [`MAX_BROKER_PEERS`]);
 /// answers [`ST_BUSY`] and drops it when every worker is busy (so that a hang-up always means
 /// that the broker's process is gone).
+///
+/// A peer handed on counts in [`broker_peers_active`] from here (under the pool's lock) until
+/// its worker is done with it, so that a count of 0 after [`broker_connections_dispatched`]
+/// has passed every connection made means that all of them are finished.
 fn dispatch(conn: OwnedFd, peer: u32, handler: &BrokerHandler) {
     let mut q = pool();
     if q.idle > q.queue.len() {
         q.queue.push_back((conn, peer));
+        PEERS_ACTIVE.fetch_add(1, Ordering::AcqRel);
         POOL_CV.notify_one();
         return;
     }
@@ -301,6 +311,7 @@ fn dispatch(conn: OwnedFd, peer: u32, handler: &BrokerHandler) {
     }
     q.workers += 1;
     q.queue.push_back((conn, peer));
+    PEERS_ACTIVE.fetch_add(1, Ordering::AcqRel);
     let h = handler.clone();
     let spawned = std::thread::Builder::new()
         .name("hetmem-ipc-peer".into())
@@ -308,6 +319,7 @@ fn dispatch(conn: OwnedFd, peer: u32, handler: &BrokerHandler) {
     if spawned.is_err() {
         q.workers -= 1;
         q.queue.pop_back();
+        PEERS_ACTIVE.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -358,18 +370,27 @@ fn worker(handler: BrokerHandler) {
                 .0;
         };
         drop(q);
-        PEERS_ACTIVE.fetch_add(1, Ordering::AcqRel);
         let _ = serve_one(conn.as_fd(), peer, &handler);
         drop(conn);
         PEERS_ACTIVE.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
-/// Number of broker peers being served now (for leak checks).
+/// Number of broker peers handed to a worker and not yet finished: waiting for their worker or
+/// being served (for leak checks).
 pub fn broker_peers_active() -> usize {
     PEERS_ACTIVE.load(Ordering::Acquire)
 }
 static PEERS_ACTIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// Number of connections the broker has accepted and dealt with since the process started:
+/// handed to a worker (and counted in [`broker_peers_active`] from then), refused busy, or
+/// dropped as a stranger's. A caller that made `n` connections knows that the broker has seen
+/// them all once this has grown by `n` (with no other peers about).
+pub fn broker_connections_dispatched() -> u64 {
+    CONNECTIONS_DISPATCHED.load(Ordering::Acquire)
+}
+static CONNECTIONS_DISPATCHED: AtomicU64 = AtomicU64::new(0);
 
 /// Number of broker worker threads alive now (idle ones exit after [`WORKER_IDLE`]).
 pub fn broker_workers() -> usize {

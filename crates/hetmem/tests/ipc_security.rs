@@ -200,6 +200,9 @@ fn idle_broker_connections_do_not_stall_a_real_importer_and_a_flood_is_bounded()
     );
     assert!(t.elapsed() < Duration::from_secs(10));
     drop(idle);
+    // Every connection made so far (the idle ones, then the importer's, accepted in that order)
+    // was dealt with before the importer got its answer.
+    let dispatched0 = stats().connections_dispatched;
     // A flood: the broker serves at most max_peers peers at once.
     let flood: Vec<OwnedFd> = (0..max_peers + 16)
         .filter_map(|_| connect_abstract(&name).ok())
@@ -209,13 +212,26 @@ fn idle_broker_connections_do_not_stall_a_real_importer_and_a_flood_is_bounded()
         std::thread::yield_now();
     }
     assert!(stats().peers_active <= max_peers);
+    let made = flood.len() as u64;
     drop(flood);
-    // Peer threads end when their peer hangs up (or after the request timeout).
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while stats().peers_active > 0 && Instant::now() < deadline {
+    // Peer threads end when their peer hangs up (or after the request timeout). The count is
+    // read once the broker has accepted every flood connection: before that a momentary 0
+    // between two waves of the backlog would not mean that the flood is over.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let finished = || {
+        let s = stats();
+        s.connections_dispatched >= dispatched0 + made && s.peers_active == 0
+    };
+    while !finished() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(stats().peers_active, 0, "peers still being served");
+    let s = stats();
+    assert_eq!(
+        s.connections_dispatched - dispatched0,
+        made,
+        "flood connections the broker has dealt with"
+    );
+    assert_eq!(s.peers_active, 0, "peers still being served");
     // Idle workers exit after worker_idle: no thread stays behind.
     let deadline = Instant::now() + worker_idle + Duration::from_secs(3);
     while stats().workers > 0 && Instant::now() < deadline {

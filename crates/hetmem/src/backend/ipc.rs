@@ -62,8 +62,12 @@ pub struct ShareableIdentity {
 /// The state of this process's broker, for leak checks and `hetmem info`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BrokerStats {
-    /// Peers being served now.
+    /// Peers handed to a worker and not yet finished (waiting for it or being served).
     pub peers_active: usize,
+    /// Connections the broker has accepted and dealt with (served, refused busy, or dropped as a
+    /// stranger's) since the process started: once it has grown by the number of connections a
+    /// test made, `peers_active` counts every one of them still unfinished.
+    pub connections_dispatched: u64,
     /// Worker threads alive now (idle ones exit after `worker_idle`).
     pub workers: usize,
     /// Most peers served at once; further connections are dropped until one finishes.

@@ -67,6 +67,7 @@ pub(crate) fn broker_stats() -> BrokerStats {
     use hetmem_linux::broker as b;
     BrokerStats {
         peers_active: b::broker_peers_active(),
+        connections_dispatched: b::broker_connections_dispatched(),
         workers: b::broker_workers(),
         max_peers: b::MAX_BROKER_PEERS,
         worker_idle: b::WORKER_IDLE,
