@@ -494,3 +494,128 @@ fn managed_memory_migrates_on_hugetlbfs_pages_while_reserved_ones_are_free() {
         free + 1
     );
 }
+
+/// The fd numbers open in this process now (not the one the listing itself used, closed by
+/// the time each is checked).
+fn open_fds() -> std::collections::BTreeSet<i32> {
+    let listed: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .filter_map(|d| d.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    listed
+        .into_iter()
+        .filter(|n| std::fs::read_link(format!("/proc/self/fd/{n}")).is_ok())
+        .collect()
+}
+
+/// A split that fails at its last step, the `dup3` that gives the new shmem object the
+/// object's fd number (here: `RLIMIT_NOFILE` lowered below that number after the object was
+/// made), puts every mapping back on the hugetlbfs object: the call fails with
+/// OUT_OF_HOST_MEMORY naming the limit, and nothing changed (the protection, the page kind,
+/// and one object behind every mapping, old and new). With the limit back, the same call
+/// splits.
+#[test]
+fn a_split_refused_at_its_dup3_leaves_every_mapping_on_the_object() {
+    if host_only() {
+        return;
+    }
+    let _one = SETTINGS.lock();
+    let have = hugetlb_count("nr_hugepages");
+    let Some(_pool) = Setting::set(NR_HUGEPAGES, &(have + 4).to_string()) else {
+        return;
+    };
+    let free = hugetlb_count("free_hugepages");
+    if free < 2 {
+        loud_once(format!(
+            "NOT RUN (host) huge_pages: only {free} reserved huge pages free after asking for 4 \
+             more; the failed split is not checked"
+        ));
+        return;
+    }
+    let rt = runtime(true);
+    let ctx = rt.driver().create_context().unwrap();
+    let dev = rt.driver().device(0).unwrap();
+    let huge = 2 << 20;
+    let res = ctx.reserve(None, 3 * huge).unwrap();
+    let (a, b, c) = (res.base, res.base + huge, res.base + 2 * huge);
+    // A free number below the object's, for the split's new memfd.
+    let spare = std::fs::File::open("/dev/null").unwrap();
+    let before = open_fds();
+    let phys = ctx
+        .create_physical_memory(Some(&dev), PhysicalMemoryFlags::AllocateOnDevice, huge)
+        .unwrap();
+    let made: Vec<i32> = open_fds().difference(&before).copied().collect();
+    assert_eq!(made.len(), 1, "the object's one fd: {made:?}");
+    let object_fd = made[0];
+    ctx.map(a, huge, phys, 0, AccessAttribute::ReadWrite)
+        .unwrap();
+    ctx.map(b, huge, phys, 0, AccessAttribute::ReadWrite)
+        .unwrap();
+    assert_eq!(smaps_of(a)["KernelPageSize"], 2048, "hugetlbfs");
+    for off in (0..huge).step_by(4096) {
+        // SAFETY: mapped read-write just above.
+        unsafe { ((a + off) as *mut u8).write_volatile((off / 4096) as u8 | 1) };
+    }
+    drop(spare);
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: Some(object_fd as u64),
+            maximum: lim.maximum,
+        },
+    )
+    .unwrap();
+    let piece = 64 << 10;
+    let refused = ctx.set_access_attribute(a + piece, piece, AccessAttribute::ReadOnly);
+    rustix::process::setrlimit(rustix::process::Resource::Nofile, lim).unwrap();
+    let e = refused.expect_err("the split's dup3 onto a number past the limit");
+    assert_eq!(e.ze_result(), common::ze::OUT_OF_HOST_MEMORY, "{e}");
+    assert!(e.message().contains("RLIMIT_NOFILE"), "{e}");
+    assert_eq!(
+        ctx.get_access_attribute(a + piece, piece).unwrap().0,
+        AccessAttribute::ReadWrite
+    );
+    assert_eq!(perms_of(a + piece), "rw-s");
+    for at in [a, b] {
+        assert_eq!(
+            smaps_of(at)["KernelPageSize"],
+            2048,
+            "still hugetlbfs at {at:#x}"
+        );
+    }
+    // One object behind every mapping: the old two and one made now.
+    // SAFETY: mapped read-write.
+    unsafe { ((a + 7 * 4096) as *mut u8).write_volatile(0x5a) };
+    ctx.map(c, huge, phys, 0, AccessAttribute::ReadWrite)
+        .unwrap();
+    for at in [b, c] {
+        assert_eq!(
+            byte(at + 7 * 4096),
+            0x5a,
+            "the write through a, seen at {at:#x}"
+        );
+        assert_eq!(byte(at + 9 * 4096), 9 | 1);
+    }
+    // With the limit back the same call splits, every mapping in place.
+    ctx.set_access_attribute(a + piece, piece, AccessAttribute::ReadOnly)
+        .unwrap();
+    assert_eq!(perms_of(a + piece), "r--s");
+    for at in [a, b, c] {
+        assert_eq!(smaps_of(at)["KernelPageSize"], 4, "shmem at {at:#x}");
+        assert_eq!(byte(at + 7 * 4096), 0x5a);
+    }
+    // SAFETY: mapped read-write.
+    unsafe { (c as *mut u8).write_volatile(0x66) };
+    assert_eq!(byte(a), 0x66, "one object after the split");
+    for at in [a, b, c] {
+        ctx.unmap(at, huge).unwrap();
+    }
+    ctx.destroy_physical_memory(phys).unwrap();
+    ctx.free_reservation(res).unwrap();
+    assert_eq!(
+        hugetlb_count("free_hugepages"),
+        free,
+        "its page back in the pool"
+    );
+}

@@ -39,7 +39,7 @@ use parking_lot::Mutex;
 use rustix::mm::{MapFlags, ProtFlags};
 
 use super::{map_shared_fixed, os_error, prot_flags, sealed_memfd};
-use crate::backend::{HalError, Protection, Result};
+use crate::backend::{Protection, Result};
 
 /// 2 MiB: the hugetlbfs page.
 const HUGE: usize = super::huge::HUGE;
@@ -359,8 +359,8 @@ impl HugetlbObjects {
     /// Splits hugetlbfs object `fd` (see the module docs): its bytes into a new sealed shmem
     /// memfd (`mmap` of both, a copy, `munmap`), every recorded mapping made again from it
     /// (`mmap(MAP_SHARED | MAP_FIXED [| MAP_POPULATE])`), then `dup3` of it onto `fd`. On
-    /// failure the mappings already made again are made from `fd` as before, and nothing has
-    /// changed.
+    /// failure of a map or of the `dup3` the mappings already made again are made from `fd` as
+    /// before, and nothing has changed.
     ///
     /// # Safety
     /// Called with the lock held (`st`); every mapping of the object is recorded in `st`.
@@ -405,6 +405,31 @@ impl HugetlbObjects {
             .filter(|(_, p)| p.fd == fd)
             .map(|(&s, &p)| (s, p))
             .collect();
+        // Makes `done`'s mappings from the hugetlbfs object again, as they were. Its pages are
+        // the object's own (allocated by its fallocate), so only page tables are asked for.
+        let restore = |done: &[(usize, Piece)]| {
+            for &(s, p) in done {
+                // SAFETY: [s, p.end) is a recorded mapping of the object, whole 2 MiB pages;
+                // MAP_FIXED replaces what the split made there.
+                let r = unsafe {
+                    map_shared_fixed(
+                        s,
+                        p.end - s,
+                        prot_flags(p.prot),
+                        populate(p.prot),
+                        old,
+                        p.offset as u64,
+                    )
+                };
+                if let Err(e) = r {
+                    tracing::error!(
+                        addr = s,
+                        "host: a failed split could not map its hugetlbfs object back ({e}); \
+                         the mapping shows the unfinished shmem copy"
+                    );
+                }
+            }
+        };
         for (k, &(s, p)) in mine.iter().enumerate() {
             // SAFETY: [s, p.end) is a recorded mapping of the object; MAP_FIXED replaces it.
             let r = unsafe {
@@ -418,20 +443,7 @@ impl HugetlbObjects {
                 )
             };
             if let Err(e) = r {
-                for &(s, p) in &mine[..=k] {
-                    // SAFETY: as above, back to the hugetlbfs object, whole 2 MiB pages.
-                    unsafe {
-                        map_shared_fixed(
-                            s,
-                            p.end - s,
-                            prot_flags(p.prot),
-                            populate(p.prot),
-                            old,
-                            p.offset as u64,
-                        )
-                        .ok()
-                    };
-                }
+                restore(&mine[..=k]);
                 return Err(os_error(
                     "mmap(MAP_FIXED) while splitting a hugetlbfs object",
                     e,
@@ -442,9 +454,19 @@ impl HugetlbObjects {
         // file it names atomically and the number stays theirs (never closed here).
         let mut target = ManuallyDrop::new(unsafe { OwnedFd::from_raw_fd(fd) });
         if let Err(e) = rustix::io::dup3(&new, &mut target, rustix::io::DupFlags::CLOEXEC) {
-            return Err(HalError::Unexpected(format!(
-                "dup3 of a split's shmem object onto fd {fd} failed: {e}"
-            )));
+            // Every mapping goes back to the object the number still names.
+            restore(&mine);
+            // Both numbers are open, so EBADF means that `fd` is at or past RLIMIT_NOFILE
+            // (lowered since the object was made).
+            let e = if e == rustix::io::Errno::BADF {
+                rustix::io::Errno::MFILE
+            } else {
+                e
+            };
+            return Err(os_error(
+                &format!("dup3 of a split's shmem object onto the object's fd {fd}"),
+                e,
+            ));
         }
         for (s, _) in mine {
             st.pieces.remove(&s);
