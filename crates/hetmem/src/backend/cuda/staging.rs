@@ -91,6 +91,9 @@ struct Shared {
     caller_asleep: Line<AtomicBool>,
     /// Set when the pool is dropped.
     quit: AtomicBool,
+    /// The payload of the first helper part of the current job that panicked: the caller
+    /// raises it once every part is done (as it raises its own part's).
+    panicked: Mutex<Option<Box<dyn std::any::Any + Send>>>,
     /// Each helper's part of the current job, if it has one.
     slots: Vec<Line<Mutex<Option<Part>>>>,
 }
@@ -111,9 +114,12 @@ impl Shared {
             let Some(part) = self.slots[i].0.lock().take() else {
                 continue;
             };
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 (part.work)(part.off, part.len)
             }));
+            if let Err(p) = r {
+                self.panicked.lock().get_or_insert(p);
+            }
             drop(part);
             // SeqCst pairs with the caller's store of `caller_asleep` and load of `left`: the
             // caller either sees 0 or is seen asleep and woken (the futex checks the value).
@@ -241,10 +247,12 @@ impl HostPool {
         if sh.sleepers.0.load(Ordering::SeqCst) > 0 {
             futex_wake(&sh.generation.0, u32::MAX);
         }
-        // The helpers run the caller's ranges: wait for them even if our part panics.
+        // The helpers run the caller's ranges: wait for them even if our part panics. A
+        // panic of any part is the caller's (its own first, else a helper's).
         let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(0, step)));
         sh.wait_parts();
-        if let Err(p) = mine {
+        let theirs = sh.panicked.lock().take();
+        if let Some(p) = mine.err().or(theirs) {
             std::panic::resume_unwind(p);
         }
     }
@@ -635,7 +643,8 @@ mod tests {
     }
 
     /// A part that panics, on a helper or on the caller, ends neither the pool nor the wait for
-    /// the other parts: the caller's panic is raised once every part is done.
+    /// the other parts: the panic is raised in the caller once every part is done, and the
+    /// next job runs whole.
     #[test]
     fn a_panicking_part_leaves_the_pool_working() {
         let pool = HostPool::new(3);
@@ -651,10 +660,30 @@ mod tests {
                     d.fetch_add(1, Ordering::SeqCst);
                 })
             }));
-            assert_eq!(r.is_err(), panics_at == 0);
+            assert!(r.is_err(), "the part at {panics_at} panicked");
             assert_eq!(done.swap(0, Ordering::SeqCst), 3);
             check_split(&pool, 4 * MIN_PART, |_| false);
         }
+    }
+
+    /// A helper's part that panics reaches the caller with its own payload (a copy that
+    /// panicked half-way never reads as done), and only once: the job after it returns.
+    #[test]
+    fn a_panic_in_a_helpers_part_reaches_the_caller() {
+        let pool = HostPool::new(3);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.split(4 * MIN_PART, 64, |o, _| {
+                if o == 2 * MIN_PART {
+                    std::panic::panic_any(o);
+                }
+            })
+        }));
+        let payload = r.expect_err("the helper's panic");
+        assert_eq!(payload.downcast_ref::<usize>(), Some(&(2 * MIN_PART)));
+        let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.split(4 * MIN_PART, 64, |_, _| {})
+        }));
+        assert!(again.is_ok(), "the panic was raised twice");
     }
 
     /// The pool's fill and copy split a range over its threads at pattern boundaries.
