@@ -39,8 +39,8 @@ pub struct AclMemLocation {
 }
 
 /// The context of the reservation holding `va`.
-fn reservation_ctx(g: &state::Global, va: usize) -> Res<Arc<Ctx>> {
-    let reg = g.reg.lock();
+fn reservation_ctx(va: usize) -> Res<Arc<Ctx>> {
+    let reg = crate::vmm::VMM.lock();
     reg.reservations
         .range(..=va)
         .next_back()
@@ -71,7 +71,7 @@ pub unsafe extern "C" fn aclrtMemSetAccess(
     count: usize,
 ) -> AclError {
     entry("aclrtMemSetAccess", || {
-        let g = state::fast_global()?;
+        state::fast_global()?;
         if vir_ptr.is_null() || desc.is_null() {
             return Err(null(if desc.is_null() { "desc" } else { "virPtr" }));
         }
@@ -88,7 +88,7 @@ pub unsafe extern "C" fn aclrtMemSetAccess(
             })
             .collect();
         let va = vir_ptr as usize;
-        let c = reservation_ctx(&g, va)?;
+        let c = reservation_ctx(va)?;
         Ok(c.ctx.acl_set_access(va, size, &descs)?)
     })
 }
@@ -105,7 +105,7 @@ pub unsafe extern "C" fn aclrtMemGetAccess(
     flag: *mut u64,
 ) -> AclError {
     entry("aclrtMemGetAccess", || {
-        let g = state::fast_global()?;
+        state::fast_global()?;
         if vir_ptr.is_null() || location.is_null() || flag.is_null() {
             return Err(null(if vir_ptr.is_null() {
                 "virPtr"
@@ -118,7 +118,7 @@ pub unsafe extern "C" fn aclrtMemGetAccess(
         // SAFETY: non-null, the caller's struct.
         let l = unsafe { location.read_unaligned() };
         let va = vir_ptr as usize;
-        let c = reservation_ctx(&g, va)?;
+        let c = reservation_ctx(va)?;
         let f = c.ctx.acl_get_access(va, l.ty, l.id)?;
         // SAFETY: non-null out-pointer.
         unsafe { out(flag, f as u64) };
@@ -163,16 +163,16 @@ pub unsafe extern "C" fn aclrtMemRetainAllocationHandle(
     handle: *mut *mut libc::c_void,
 ) -> AclError {
     entry("aclrtMemRetainAllocationHandle", || {
-        let g = state::fast_global()?;
+        state::fast_global()?;
         if vir_ptr.is_null() || handle.is_null() {
             return Err(null(if handle.is_null() { "handle" } else { "virPtr" }));
         }
         let va = vir_ptr as usize;
-        let c = reservation_ctx(&g, va)?;
+        let c = reservation_ctx(va)?;
         let mem = c.ctx.physical_memory_at(va)?;
         let h = {
-            let reg = g.reg.lock();
-            let found = reg.all::<crate::vmm::Phys>().find(|p| p.mem == mem);
+            let reg = crate::vmm::VMM.lock();
+            let found = reg.all_phys().find(|p| p.mem == mem);
             let p = found.ok_or_else(|| {
                 Fail::from(hetmem::Error::InvalidArgument(format!(
                     "the physical memory mapped at {va:#x} has no handle of this library"
@@ -201,11 +201,11 @@ pub unsafe extern "C" fn aclrtMemGetAllocationPropertiesFromHandle(
     prop: *mut AclPhysicalMemProp,
 ) -> AclError {
     entry("aclrtMemGetAllocationPropertiesFromHandle", || {
-        let g = state::fast_global()?;
+        state::fast_global()?;
         if prop.is_null() {
             return Err(null("prop"));
         }
-        let p = g.phys(handle as usize)?.prop;
+        let p = crate::vmm::VMM.lock().phys_or_fail(handle as usize)?.prop;
         // SAFETY: non-null out-pointer.
         unsafe { out(prop, p) };
         Ok(())

@@ -10,8 +10,8 @@
 //! error selection) lives in hetmem's semantics layer. What is decided here is what only a C
 //! library has:
 //! - **handles**: contexts, streams, events and physical-memory handles given to C are opaque
-//!   numbers looked up in a registry ([`state`]), never dereferenced; an unknown, destroyed or
-//!   foreign handle is `ACL_ERROR_RT_PARAM_INVALID` (107000), never a crash;
+//!   numbers looked up in a registry ([`state`]; physical handles in a slab, [`vmm::Vmm`]), never
+//!   dereferenced; an unknown, destroyed or foreign handle is `ACL_ERROR_RT_PARAM_INVALID` (107000), never a crash;
 //! - **per-thread state**: the current context (and with it the current device), the message of
 //!   the last failed call ([`aclGetRecentErrMsg`]) and the last error code
 //!   (`aclrtGetLastError` / `aclrtPeekAtLastError`); there is no sticky error: a failed call

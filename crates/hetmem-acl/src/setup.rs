@@ -46,10 +46,13 @@ pub unsafe extern "C" fn aclInit(config_path: *const libc::c_char) -> AclError {
             ));
         }
         let rt = hetmem::Runtime::from_env()?;
-        if !state::install(Global {
-            rt,
-            reg: Mutex::new(Registry::default()),
-        }) {
+        if !state::install(
+            Global {
+                rt,
+                reg: Mutex::new(Registry::default()),
+            },
+            crate::vmm::open,
+        ) {
             return Err(Fail::new(
                 crate::ACL_ERROR_REPEAT_INITIALIZE,
                 "aclInit was already called (by another thread)",
@@ -67,11 +70,14 @@ pub unsafe extern "C" fn aclInit(config_path: *const libc::c_char) -> AclError {
 #[no_mangle]
 pub extern "C" fn aclFinalize() -> AclError {
     entry("aclFinalize", || {
-        let g = state::take().ok_or_else(|| {
-            Fail::new(crate::ACL_ERROR_UNINITIALIZE, "aclFinalize without aclInit")
-        })?;
-        let reg = std::mem::take(&mut *g.reg.lock());
-        teardown(reg);
+        // The instance, its registry and the VMM registry are taken out in one hold of each.
+        let (_g, (reg, vmm)) = state::take(|g| {
+            let reg = std::mem::take(&mut *g.reg.lock());
+            let vmm = crate::vmm::close(reg.contexts.values());
+            (reg, vmm)
+        })
+        .ok_or_else(|| Fail::new(crate::ACL_ERROR_UNINITIALIZE, "aclFinalize without aclInit"))?;
+        teardown(reg, vmm);
         state::set_current(None);
         Ok(())
     })
@@ -79,7 +85,7 @@ pub extern "C" fn aclFinalize() -> AclError {
 
 /// Releases what a registry holds, outside any lock: streams first (their work finishes),
 /// exports, then reservations, physical handles and contexts.
-pub(crate) fn teardown(mut reg: Registry) {
+pub(crate) fn teardown(mut reg: Registry, vmm: crate::vmm::Taken) {
     for c in reg.contexts.values() {
         c.alive.store(false, std::sync::atomic::Ordering::Release);
     }
@@ -97,6 +103,8 @@ pub(crate) fn teardown(mut reg: Registry) {
     for (_, o) in reg.objects.drain() {
         o.release();
     }
+    // Physical handles' exports end as they drop.
+    drop(vmm);
     drop(reg);
 }
 
@@ -240,18 +248,19 @@ pub(crate) fn reset_device(device_id: i32, force: bool) -> Res {
         }
         let h = *h;
         reg.defaults.remove(&ord);
-        let removed = remove_context(&mut reg, h);
+        let (removed, vmm) = remove_context(&mut reg, h);
         drop(reg);
         if state::current_handle() == h {
             state::set_current(None);
         }
-        teardown(removed);
+        teardown(removed, vmm);
         Ok(())
     }
 }
 
-/// Moves context `h` and everything made in it out of `reg` (to be torn down outside the lock).
-fn remove_context(reg: &mut Registry, h: usize) -> Registry {
+/// Moves context `h` and everything made in it out of `reg` and the VMM registry (to be torn
+/// down outside the locks).
+fn remove_context(reg: &mut Registry, h: usize) -> (Registry, crate::vmm::Taken) {
     let mut out = Registry::default();
     if let Some(c) = reg.contexts.remove(&h) {
         out.contexts.insert(h, c);
@@ -266,22 +275,8 @@ fn remove_context(reg: &mut Registry, h: usize) -> Registry {
         let o = reg.objects.remove(&k).expect("listed");
         out.objects.insert(k, o);
     }
-    let res: Vec<usize> = reg
-        .reservations
-        .iter()
-        .filter(|(_, r)| r.ctx.handle == h)
-        .map(|(&k, _)| k)
-        .collect();
-    for b in res {
-        let r = reg.reservations.remove(&b).expect("listed");
-        let end = b + r.r.size;
-        let maps: Vec<usize> = reg.mappings.range(b..end).map(|(&k, _)| k).collect();
-        for m in maps {
-            reg.mappings.remove(&m);
-        }
-        out.reservations.insert(b, r);
-    }
-    out
+    let vmm = crate::vmm::take_contexts(out.contexts.values());
+    (out, vmm)
 }
 
 /// `aclrtGetDevice`: the calling thread's current device.
@@ -346,11 +341,11 @@ pub extern "C" fn aclrtDestroyContext(context: *mut libc::c_void) -> AclError {
             ))
             .into());
         }
-        let removed = remove_context(&mut g.reg.lock(), h);
+        let (removed, vmm) = remove_context(&mut g.reg.lock(), h);
         if state::current_handle() == h {
             state::set_current(None);
         }
-        teardown(removed);
+        teardown(removed, vmm);
         Ok(())
     })
 }

@@ -1,21 +1,23 @@
 //! The library's state: the runtime made by `aclInit`, the registry of every handle given to C,
 //! and the per-thread current context.
 //!
-//! The registry files the objects of the modules above it (streams and events of [`crate::stream`],
-//! physical memory handles of [`crate::vmm`]) as [`Object`]s by handle, without naming their
-//! types: each module owns its type and looks its handles up with [`Global::object`], so this
-//! module imports none of them.
+//! The registry files the objects of the modules above it (streams and events of
+//! [`crate::stream`]) as [`Object`]s by handle, without naming their types: each module owns its
+//! type and looks its handles up with [`Global::object`], so this module imports none of them.
+//! Physical memory handles, reservations and mapping records are filed apart, in the VMM
+//! registry of [`crate::vmm`] (a slab indexed by the handle, one static lock: [`crate::vmm::Vmm`]),
+//! which the VMM calls reach without this module's instance or current context.
 //!
 //! Handles are numbers, unique for the life of the process (a handle is never reused, not even
 //! after `aclFinalize` and a new `aclInit`), looked up in one table per kind: a stale, foreign
 //! or random handle is simply not found (`ACL_ERROR_RT_PARAM_INVALID`). The registry lock is
 //! held only to look up, insert or remove; hetmem is always called with it released, so a
 //! blocking call (a stream synchronize waiting for an event another thread records) never holds
-//! up other threads.
+//! up other threads. (The VMM registry's lock is held across hetmem's map and physical free,
+//! which never wait for device work: see [`crate::vmm::Vmm`].)
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -89,8 +91,7 @@ pub struct Reserved {
     pub r: hetmem::Reservation,
 }
 
-/// An object behind a handle, of a type a module above defines (a stream, an event, a
-/// physical memory handle): the registry files it by handle and tears it down through these
+/// An object behind a handle, of a type a module above defines (a stream, an event): the registry files it by handle and tears it down through these
 /// methods, never knowing its type.
 pub trait Object: Any + Send + Sync + std::fmt::Debug {
     /// The context it was made in.
@@ -98,8 +99,7 @@ pub trait Object: Any + Send + Sync + std::fmt::Debug {
     /// First step of a teardown: waits for its work (a stream synchronizes). Runs for every
     /// object torn down before any [`Object::release`].
     fn quiesce(&self) {}
-    /// Second step of a teardown: ends what it shares beyond itself (a physical handle's
-    /// export).
+    /// Second step of a teardown: ends what it shares beyond itself.
     fn release(&self) {}
 }
 
@@ -109,12 +109,6 @@ pub fn downcast<T: Object>(o: Arc<dyn Object>) -> Option<Arc<T>> {
     any.downcast::<T>().ok()
 }
 
-/// The object `h` of `objects` (a [`Registry`]'s) if it is a `T`, borrowed (no reference
-/// counted; the registry's other maps stay free to change).
-pub fn peek<T: Object>(objects: &HashMap<usize, Arc<dyn Object>>, h: usize) -> Option<&T> {
-    (objects.get(&h)?.as_ref() as &dyn Any).downcast_ref::<T>()
-}
-
 /// Every handle the library has given out, by kind.
 #[derive(Debug, Default)]
 pub struct Registry {
@@ -122,14 +116,10 @@ pub struct Registry {
     pub contexts: HashMap<usize, Arc<Ctx>>,
     /// Default context handle and `aclrtSetDevice` count, by device.
     pub defaults: HashMap<u32, (usize, u64)>,
-    /// Streams, events and physical memory handles by handle (each handle's kind is in its low
-    /// bits, [`fresh_handle`]); looked up by type with [`Registry::get`].
+    /// Streams and events by handle (each handle's kind is in its low bits, [`fresh_handle`]);
+    /// looked up by type with [`Registry::get`]. (Physical memory handles, reservations and
+    /// mapping records are in the VMM registry, [`crate::vmm::VMM`].)
     pub objects: HashMap<usize, Arc<dyn Object>>,
-    /// Reservations by base address.
-    pub reservations: BTreeMap<usize, Reserved>,
-    /// Mappings made by `aclrtMapMem`: start -> (size, the context of the physical memory),
-    /// ordered, so a released reservation finds its own mappings by range.
-    pub mappings: BTreeMap<usize, (usize, Arc<Ctx>)>,
 }
 
 impl Registry {
@@ -239,19 +229,26 @@ pub fn fast_global() -> Res<G> {
     }
 }
 
-/// Installs `g` (aclInit); false if one is running.
-pub fn install(g: Global) -> bool {
+/// Installs `g` (aclInit), running `opened` in the same hold of the global slot (so that an
+/// `aclFinalize` on another thread comes wholly before or after both); false if one is
+/// running.
+pub fn install(g: Global, opened: impl FnOnce()) -> bool {
     let mut s = GLOBAL.lock();
     if s.is_some() {
         return false;
     }
     *s = Some(Arc::new(g));
+    opened();
     true
 }
 
-/// Takes the running library out (aclFinalize).
-pub fn take() -> Option<Arc<Global>> {
-    GLOBAL.lock().take()
+/// Takes the running library out (aclFinalize) with what `closed` takes out of it, in the same
+/// hold of the global slot.
+pub fn take<T>(closed: impl FnOnce(&Global) -> T) -> Option<(Arc<Global>, T)> {
+    let mut s = GLOBAL.lock();
+    let g = s.take()?;
+    let t = closed(&g);
+    Some((g, t))
 }
 
 thread_local! {

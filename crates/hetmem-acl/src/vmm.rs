@@ -20,10 +20,246 @@
 //! (`aclrtFreePhysical`, `aclrtResetDevice` / `aclrtDestroyContext` of its context,
 //! `aclFinalize`).
 
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use crate::state::{self, Ctx, Reserved};
 use crate::{entry, null, out, AclError, Fail, Res};
+
+// Handles are `serial << 24 | slot << 4 | kind` (below): a 64-bit layout.
+const _: () = assert!(usize::BITS == 64);
+
+/// The kind tag of a physical memory handle (its low 4 bits, as [`state::fresh_handle`] tags
+/// the other kinds).
+const PHYS_KIND: usize = 4;
+/// Bits of a physical handle above the kind tag that number its slot.
+const SLOT_BITS: u32 = 20;
+const SLOT_MASK: usize = (1 << SLOT_BITS) - 1;
+
+/// The virtual-memory registry: physical memory handles, reservations and the records of
+/// mappings, for the one running library instance, behind one lock ([`VMM`]).
+///
+/// A physical handle (`aclrtDrvMemHandle`) is `serial << 24 | slot << 4 | 4`: `slot` indexes
+/// the slot table, `serial` is never given twice in the process's life (not even across
+/// `aclFinalize` / `aclInit`), and 4 is the kind tag ([`state::fresh_handle`]'s scheme), so a
+/// handle is found by indexing and checked by comparing it whole with the slot's: a stale
+/// handle (its slot freed or reused), a bit-flipped or foreign one, or a handle of another kind
+/// is simply not found (107000). No hashing and no reference count on the way.
+///
+/// The entry points that need no current context (map, unmap, free physical, release) reach
+/// it without the library instance ([`state::fast_global`]): [`Vmm::live`] says whether
+/// `aclInit` ran (and `aclFinalize` not since), so that they answer `ACL_ERROR_UNINITIALIZE`
+/// as every other call does. Lock order: the instance's slot and registry
+/// ([`state::Global::reg`]) may be held while this is taken, never the other way round.
+///
+/// The lock is held across hetmem's map (filing the record first) and physical free (so
+/// that other threads see a handle live until it is freed, and gone after); both are short and
+/// never wait for device work, but on cuda a free is a 10-30 us driver call, which other VMM
+/// calls wait out. Unmap and release, which wait for stream work, run with it released.
+#[derive(Debug)]
+pub struct Vmm {
+    /// `aclInit` ran and `aclFinalize` has not since.
+    live: bool,
+    /// The next serial (from 1; never reset).
+    next_serial: usize,
+    /// Physical handles by slot.
+    slots: Vec<Option<Phys>>,
+    /// Free slots, the last freed on top (the slot most likely still in the caches).
+    free: Vec<usize>,
+    /// Reservations by base address.
+    pub reservations: BTreeMap<usize, Reserved>,
+    /// Mappings made by `aclrtMapMem`: start -> (size, the context of the physical memory),
+    /// ordered, so a released reservation finds its own mappings by range.
+    pub mappings: BTreeMap<usize, (usize, Arc<Ctx>)>,
+}
+
+/// The virtual-memory registry of the running instance (see [`Vmm`]).
+pub static VMM: Mutex<Vmm> = Mutex::new(Vmm {
+    live: false,
+    next_serial: 1,
+    slots: Vec::new(),
+    free: Vec::new(),
+    reservations: BTreeMap::new(),
+    mappings: BTreeMap::new(),
+});
+
+/// What a context's end (or `aclFinalize`) takes out of [`VMM`], torn down outside the lock.
+#[derive(Debug, Default)]
+pub struct Taken {
+    /// Physical handles (their exports end when they drop).
+    pub phys: Vec<Phys>,
+    /// Reservations.
+    pub reservations: Vec<Reserved>,
+    /// Mapping records.
+    pub mappings: Vec<(usize, Arc<Ctx>)>,
+}
+
+impl Vmm {
+    /// `ACL_ERROR_UNINITIALIZE` unless the library is running.
+    pub fn live(&self) -> Res {
+        if self.live {
+            Ok(())
+        } else {
+            Err(Fail::new(
+                crate::ACL_ERROR_UNINITIALIZE,
+                "the library is not initialised: call aclInit first",
+            ))
+        }
+    }
+
+    /// Whether `c` may still file objects: the library is running and `c` not torn down (a
+    /// context's end marks it under this lock, so nothing filed afterwards outlives it).
+    fn accepts(&self, c: &Ctx) -> Res {
+        self.live()?;
+        if !c.alive.load(Ordering::Acquire) {
+            return Err(Fail::new(
+                crate::ACL_ERROR_RT_CONTEXT_NULL,
+                format!(
+                    "context {:#x} was destroyed (its device reset, the context destroyed or                      aclFinalize) while the call ran",
+                    c.handle
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The physical handle `h`.
+    pub fn phys(&self, h: usize) -> Option<&Phys> {
+        find(&self.slots, h)
+    }
+
+    /// The physical handle `h`, or `InvalidArgument` (107000).
+    pub fn phys_or_fail(&self, h: usize) -> Res<&Phys> {
+        self.phys(h)
+            .ok_or_else(|| state::bad_handle("physical memory handle", h))
+    }
+
+    /// How many things are filed: live physical handles, reservations and mapping records.
+    pub fn filed(&self) -> usize {
+        self.all_phys().count() + self.reservations.len() + self.mappings.len()
+    }
+
+    /// Every live physical handle.
+    pub fn all_phys(&self) -> impl Iterator<Item = &Phys> {
+        self.slots.iter().flatten()
+    }
+
+    /// Files the handle `make` builds from its number; the number.
+    ///
+    /// Errors: `OutOfHostMemory` with 2^20 handles live.
+    fn insert(&mut self, make: impl FnOnce(usize) -> Phys) -> Res<usize> {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None if self.slots.len() <= SLOT_MASK => {
+                self.slots.push(None);
+                self.slots.len() - 1
+            }
+            None => {
+                return Err(hetmem::Error::OutOfHostMemory(format!(
+                    "{} physical memory handles are live, the most this library numbers",
+                    SLOT_MASK + 1
+                ))
+                .into())
+            }
+        };
+        let h = self.next_serial << 24 | slot << 4 | PHYS_KIND;
+        self.next_serial += 1;
+        self.slots[slot] = Some(make(h));
+        Ok(h)
+    }
+
+    /// Takes the physical handle `h` out.
+    fn remove(&mut self, h: usize) -> Option<Phys> {
+        self.phys(h)?;
+        let slot = (h >> 4) & SLOT_MASK;
+        self.free.push(slot);
+        self.slots[slot].take()
+    }
+
+    /// Takes out everything of the context `c` (its physical handles, reservations and the
+    /// mapping records inside them), marking it torn down first (see [`Vmm::accepts`]).
+    fn take_ctx(&mut self, c: &Ctx, out: &mut Taken) {
+        c.alive.store(false, Ordering::Release);
+        let h = c.handle;
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if s.as_ref().is_some_and(|p| p.ctx.handle == h) {
+                out.phys.extend(s.take());
+                self.free.push(i);
+            }
+        }
+        let res: Vec<usize> = self
+            .reservations
+            .iter()
+            .filter(|(_, r)| r.ctx.handle == h)
+            .map(|(&k, _)| k)
+            .collect();
+        for b in res {
+            let r = self.reservations.remove(&b).expect("listed");
+            let maps: Vec<usize> = self
+                .mappings
+                .range(b..b + r.r.size)
+                .map(|(&k, _)| k)
+                .collect();
+            out.mappings
+                .extend(maps.iter().filter_map(|m| self.mappings.remove(m)));
+            out.reservations.push(r);
+        }
+    }
+}
+
+/// The physical handle `h` of `slots` (the slot table): the slot its number names, if the
+/// handle filed there is `h` itself.
+fn find(slots: &[Option<Phys>], h: usize) -> Option<&Phys> {
+    if h & 0xf != PHYS_KIND {
+        return None;
+    }
+    match slots.get((h >> 4) & SLOT_MASK) {
+        Some(Some(p)) if p.handle == h => Some(p),
+        _ => None,
+    }
+}
+
+/// `aclInit`: the registry opens (empty).
+pub(crate) fn open() {
+    VMM.lock().live = true;
+}
+
+/// Takes out everything of the contexts `ctxs` (`aclrtResetDevice`, `aclrtDestroyContext`),
+/// in one hold.
+pub(crate) fn take_contexts<'a>(ctxs: impl IntoIterator<Item = &'a Arc<Ctx>>) -> Taken {
+    let mut out = Taken::default();
+    let mut v = VMM.lock();
+    for c in ctxs {
+        v.take_ctx(c, &mut out);
+    }
+    out
+}
+
+/// `aclFinalize`: closes the registry and takes everything out, in one hold (every context of
+/// the instance marked torn down).
+pub(crate) fn close<'a>(ctxs: impl IntoIterator<Item = &'a Arc<Ctx>>) -> Taken {
+    let mut v = VMM.lock();
+    v.live = false;
+    for c in ctxs {
+        c.alive.store(false, Ordering::Release);
+    }
+    let v = &mut *v;
+    v.free.extend(
+        v.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_some())
+            .map(|(i, _)| i),
+    );
+    Taken {
+        phys: v.slots.iter_mut().filter_map(Option::take).collect(),
+        reservations: std::mem::take(&mut v.reservations).into_values().collect(),
+        mappings: std::mem::take(&mut v.mappings).into_values().collect(),
+    }
+}
 
 /// `aclrtPhysicalMemProp` (32 bytes).
 #[repr(C)]
@@ -81,31 +317,10 @@ pub struct Phys {
     exported: std::sync::atomic::AtomicBool,
 }
 
-impl state::Object for Phys {
-    fn ctx(&self) -> &Arc<Ctx> {
-        &self.ctx
-    }
-    fn release(&self) {
-        self.unexport();
-    }
-}
-
-impl state::Global {
-    /// The physical memory handle `h`.
-    ///
-    /// Errors: `InvalidArgument` (107000) for a handle that is not a live physical handle.
-    pub fn phys(&self, h: usize) -> Res<Arc<Phys>> {
-        self.object(h, "physical memory handle")
-    }
-}
-
 impl Phys {
     /// Ends the export, if any (importers keep what they imported); once.
     pub fn unexport(&self) {
-        if self
-            .exported
-            .swap(false, std::sync::atomic::Ordering::AcqRel)
-        {
+        if self.exported.swap(false, Ordering::AcqRel) {
             self.ctx.ctx.acl_unexport_shareable(self.mem);
         }
     }
@@ -195,10 +410,16 @@ pub unsafe extern "C" fn aclrtReserveMemAddress(
         let hint = (!expect_ptr.is_null()).then_some(expect_ptr as usize);
         let r = c.ctx.reserve(hint, size)?;
         let base = r.base;
-        g.reg
-            .lock()
-            .reservations
-            .insert(base, Reserved { ctx: c.clone(), r });
+        {
+            let mut v = VMM.lock();
+            if let Err(f) = v.accepts(c) {
+                drop(v);
+                // Its context ended while it was made: it goes with it, unfiled.
+                let _ = c.ctx.free_reservation(r);
+                return Err(f);
+            }
+            v.reservations.insert(base, Reserved { ctx: c.clone(), r });
+        }
         // SAFETY: non-null out-pointer.
         unsafe { out(vir_ptr, base as *mut libc::c_void) };
         Ok(())
@@ -213,17 +434,17 @@ pub unsafe extern "C" fn aclrtReserveMemAddress(
 #[no_mangle]
 pub extern "C" fn aclrtReleaseMemAddress(vir_ptr: *mut libc::c_void) -> AclError {
     entry("aclrtReleaseMemAddress", || {
-        let g = state::fast_global()?;
         let p = vir_ptr as usize;
-        if p == 0 {
-            return Err(null("virPtr"));
-        }
         // Taken out first with the records of its mappings (one hold of the registry), put
         // back if the free is refused; the free may wait for device work, so it runs with the
         // registry released. (Records taken after the free could be those of a new reservation
         // another thread made at the same address meanwhile.)
         let (r, maps) = {
-            let mut reg = g.reg.lock();
+            let mut reg = VMM.lock();
+            reg.live()?;
+            if p == 0 {
+                return Err(null("virPtr"));
+            }
             let Some(r) = reg.reservations.remove(&p) else {
                 return Err(hetmem::Error::InvalidArgument(format!(
                     "{p:#x} is not the base of a reservation of aclrtReserveMemAddress"
@@ -244,9 +465,12 @@ pub extern "C" fn aclrtReleaseMemAddress(vir_ptr: *mut libc::c_void) -> AclError
             (r, maps)
         };
         if let Err(e) = r.ctx.ctx.free(r.r.base, r.r.size) {
-            let mut reg = g.reg.lock();
-            reg.reservations.insert(p, r);
-            reg.mappings.extend(maps);
+            let mut reg = VMM.lock();
+            // Put back unless its context ended meanwhile (which took its records).
+            if reg.accepts(&r.ctx).is_ok() {
+                reg.reservations.insert(p, r);
+                reg.mappings.extend(maps);
+            }
             return Err(e.into());
         }
         Ok(())
@@ -283,9 +507,6 @@ pub unsafe extern "C" fn aclrtMallocPhysical(
             _ => c.gran,
         };
         hetmem::acl::check_vmm_size(size, gran)?;
-        // Numbered before the allocation (a refused one leaves a gap: handles are never
-        // reused anyway), while the counter's cache line is still warm.
-        let h = state::fresh_handle(4);
         let mem = match &dev {
             Some(d) => c.ctx.create_physical_memory(
                 Some(d),
@@ -298,32 +519,33 @@ pub unsafe extern "C" fn aclrtMallocPhysical(
                 size,
             )?,
         };
-        register(&g, h, c.clone(), mem, p);
+        let h = register(c, mem, p)?;
         // SAFETY: non-null out-pointer.
         unsafe { out(handle, h as *mut libc::c_void) };
         Ok(())
     })
 }
 
-/// Files `mem` as the physical memory handle `h` (a [`state::fresh_handle`] of kind 4).
-fn register(
-    g: &state::Global,
-    h: usize,
-    ctx: Arc<Ctx>,
-    mem: hetmem::PhysicalMemory,
-    prop: AclPhysicalMemProp,
-) {
-    g.reg.lock().objects.insert(
-        h,
-        Arc::new(Phys {
-            handle: h,
-            ctx,
+/// Files `mem`, made or imported in `ctx`, as a physical memory handle; its number.
+///
+/// Errors: those of [`Vmm::accepts`] and [`Vmm::insert`] (`mem` is destroyed then).
+fn register(ctx: &Arc<Ctx>, mem: hetmem::PhysicalMemory, prop: AclPhysicalMemProp) -> Res<usize> {
+    let mut v = VMM.lock();
+    let filed = v.accepts(ctx).and_then(|()| {
+        v.insert(|handle| Phys {
+            handle,
+            ctx: ctx.clone(),
             mem,
             prop,
             retains: Default::default(),
             exported: Default::default(),
-        }),
-    );
+        })
+    });
+    if filed.is_err() {
+        drop(v);
+        let _ = ctx.ctx.destroy_physical_memory(mem);
+    }
+    filed
 }
 
 /// `aclrtFreePhysical`: releases physical memory (made or imported); its export, if any, ends
@@ -334,24 +556,25 @@ fn register(
 #[no_mangle]
 pub extern "C" fn aclrtFreePhysical(handle: *mut libc::c_void) -> AclError {
     entry("aclrtFreePhysical", || {
-        let g = state::fast_global()?;
         let h = handle as usize;
-        // The handle stays filed while hetmem is asked (a refused free changes nothing, and
-        // other threads, a reset or aclFinalize meanwhile see it as it is); only a free that
-        // succeeded takes it out.
-        let p = g.phys(h)?;
-        // A retain of aclrtMemRetainAllocationHandle given back: the memory stays.
-        let retained = p.retains.fetch_update(
-            std::sync::atomic::Ordering::AcqRel,
-            std::sync::atomic::Ordering::Acquire,
-            |r| r.checked_sub(1),
-        );
-        if retained.is_ok() {
-            return Ok(());
-        }
-        p.ctx.ctx.destroy_physical_memory(p.mem)?;
-        g.reg.lock().remove::<Phys>(h);
-        p.unexport();
+        // Looked up, freed and taken out in one hold of the registry: other threads see the
+        // handle live until hetmem has freed it (a refused free changes nothing), and gone
+        // after. (hetmem's free runs under the lock: other VMM calls wait for it.)
+        let p = {
+            let mut v = VMM.lock();
+            v.live()?;
+            let p = v.phys_or_fail(h)?;
+            // A retain of aclrtMemRetainAllocationHandle given back: the memory stays.
+            let retained = p.retains.load(Ordering::Relaxed);
+            if retained > 0 {
+                p.retains.store(retained - 1, Ordering::Relaxed);
+                return Ok(());
+            }
+            p.ctx.ctx.destroy_physical_memory(p.mem)?;
+            v.remove(h)
+        };
+        // Its export (if any) ends as it drops, with the lock released.
+        drop(p);
         Ok(())
     })
 }
@@ -394,29 +617,31 @@ pub(crate) fn map_mem(
     access: hetmem::AccessAttribute,
 ) -> Res {
     {
-        let g = state::fast_global()?;
+        // One hold of the registry: map never waits for device work, so holding it is short
+        // (and the handle is borrowed, not counted). The mapping's record is filed before the
+        // map (taken back if it is refused): after a driver call that long, little of what the
+        // library touches is still in the caches.
+        let mut guard = VMM.lock();
+        let reg = &mut *guard;
+        reg.live()?;
         if vir_ptr.is_null() {
             return Err(null("virPtr"));
         }
         hetmem::acl::check_flags_zero(flags)?;
         hetmem::acl::check_nonzero(size, "size")?;
         let va = vir_ptr as usize;
-        // One hold of the registry: map never waits for device work, so holding it is short
-        // (and the handle is borrowed, not counted). The mapping's record is filed before the
-        // map (taken back if it is refused): after a driver call that long, little of what the
-        // library touches is still in the caches.
-        let mut guard = g.reg.lock();
-        let reg = &mut *guard;
         let h = handle as usize;
-        let p = state::peek::<Phys>(&reg.objects, h)
-            .ok_or_else(|| state::bad_handle("physical memory handle", h))?;
+        let Vmm {
+            slots, mappings, ..
+        } = reg;
+        let p = find(slots, h).ok_or_else(|| state::bad_handle("physical memory handle", h))?;
         hetmem::acl::check_vmm_size(size, p.ctx.gran)?;
-        let before = reg.mappings.insert(va, (size, p.ctx.clone()));
+        let before = mappings.insert(va, (size, p.ctx.clone()));
         if let Err(e) = p.ctx.ctx.map(va, size, p.mem, offset, access) {
             // Refused: the registry as it was.
             match before {
-                Some(b) => reg.mappings.insert(va, b),
-                None => reg.mappings.remove(&va),
+                Some(b) => mappings.insert(va, b),
+                None => mappings.remove(&va),
             };
             return Err(e.into());
         }
@@ -433,20 +658,27 @@ pub(crate) fn map_mem(
 #[no_mangle]
 pub extern "C" fn aclrtUnmapMem(vir_ptr: *mut libc::c_void) -> AclError {
     entry("aclrtUnmapMem", || {
-        let g = state::fast_global()?;
         let va = vir_ptr as usize;
-        if va == 0 {
-            return Err(null("virPtr"));
-        }
         // Taken out first (one hold of the registry), put back if the unmap is refused; the
         // unmap itself may wait for device work, so it runs with the registry released.
-        let (size, ctx) = g.reg.lock().mappings.remove(&va).ok_or_else(|| {
-            Fail::from(hetmem::Error::InvalidArgument(format!(
-                "{va:#x} is not an address aclrtMapMem mapped"
-            )))
-        })?;
+        let (size, ctx) = {
+            let mut v = VMM.lock();
+            v.live()?;
+            if va == 0 {
+                return Err(null("virPtr"));
+            }
+            v.mappings.remove(&va).ok_or_else(|| {
+                Fail::from(hetmem::Error::InvalidArgument(format!(
+                    "{va:#x} is not an address aclrtMapMem mapped"
+                )))
+            })?
+        };
         if let Err(e) = ctx.ctx.unmap(va, size) {
-            g.reg.lock().mappings.insert(va, (size, ctx));
+            let mut v = VMM.lock();
+            // Put back unless its context ended meanwhile (which took its records).
+            if v.accepts(&ctx).is_ok() {
+                v.mappings.insert(va, (size, ctx));
+            }
             return Err(e.into());
         }
         Ok(())
@@ -467,16 +699,20 @@ pub unsafe extern "C" fn aclrtMemExportToShareableHandle(
     shareable: *mut u64,
 ) -> AclError {
     entry("aclrtMemExportToShareableHandle", || {
-        let g = state::fast_global()?;
-        if shareable.is_null() {
-            return Err(null("shareableHandle"));
-        }
-        let p = g.phys(handle as usize)?;
-        hetmem::spec::MemHandleType::from_raw(handle_type)?;
-        // Marked before the export, so a free racing with it ends what it made (ending an
-        // export that failed, or was never made, changes nothing).
-        p.exported.store(true, std::sync::atomic::Ordering::Release);
-        let s = p.ctx.ctx.acl_export_shareable(p.mem, flags)?;
+        let (ctx, mem) = {
+            let v = VMM.lock();
+            v.live()?;
+            if shareable.is_null() {
+                return Err(null("shareableHandle"));
+            }
+            let p = v.phys_or_fail(handle as usize)?;
+            hetmem::spec::MemHandleType::from_raw(handle_type)?;
+            // Marked before the export, so a free racing with it ends what it made (ending an
+            // export that failed, or was never made, changes nothing).
+            p.exported.store(true, Ordering::Release);
+            (p.ctx.clone(), p.mem)
+        };
+        let s = ctx.ctx.acl_export_shareable(mem, flags)?;
         // SAFETY: non-null out-pointer.
         unsafe { out(shareable, s) };
         Ok(())
@@ -529,14 +765,7 @@ pub unsafe extern "C" fn aclrtMemImportFromShareableHandle(
         let dev = g.device(device_id as i64)?;
         let c = g.current()?;
         let mem = c.ctx.acl_import_shareable(shareable, &dev)?;
-        let ph = state::fresh_handle(4);
-        register(
-            &g,
-            ph,
-            c.clone(),
-            mem,
-            AclPhysicalMemProp::imported(device_id as u32),
-        );
+        let ph = register(c, mem, AclPhysicalMemProp::imported(device_id as u32))?;
         // SAFETY: non-null out-pointer.
         unsafe { out(handle, ph as *mut libc::c_void) };
         Ok(())

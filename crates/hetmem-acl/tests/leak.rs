@@ -55,8 +55,7 @@ fn hetmem_objects() -> (usize, usize, usize, usize) {
     let reg = g.reg.lock();
     let handles = reg.contexts.len()
         + reg.objects.len()
-        + reg.reservations.len()
-        + reg.mappings.len()
+        + ascendcl::vmm::VMM.lock().filed()
         + hetmem::acl::live_shareable_exports();
     (
         vm.reservations,
