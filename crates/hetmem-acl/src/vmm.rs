@@ -21,7 +21,7 @@
 //! `aclFinalize`).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -72,19 +72,71 @@ pub struct Vmm {
     /// Reservations by base address.
     pub reservations: BTreeMap<usize, Reserved>,
     /// Mappings made by `aclrtMapMem`: start -> (size, the context of the physical memory),
-    /// ordered, so a released reservation finds its own mappings by range.
-    pub mappings: BTreeMap<usize, (usize, Arc<Ctx>)>,
+    /// hashed by address; a released reservation finds its own with [`take_records`].
+    pub mappings: state::HashMap<usize, (usize, Arc<Ctx>)>,
+}
+
+/// [`Vmm`] behind its lock, and the count of `aclrtReleaseMemAddress` calls between taking
+/// their reservation out and hetmem's free returning, in the lock's cache line.
+///
+/// While one is in flight, `aclrtMapMem` files a record only for a range inside a filed
+/// reservation: a map that reached hetmem before the release's free (which then unmaps it)
+/// would otherwise leave a record of a mapping that is gone.
+#[repr(C, align(64))]
+pub struct VmmLock {
+    releasing: AtomicUsize,
+    vmm: Mutex<Vmm>,
+}
+
+impl VmmLock {
+    /// Takes the lock.
+    pub fn lock(&self) -> parking_lot::MutexGuard<'_, Vmm> {
+        self.vmm.lock()
+    }
 }
 
 /// The virtual-memory registry of the running instance (see [`Vmm`]).
-pub static VMM: Mutex<Vmm> = Mutex::new(Vmm {
-    live: false,
-    next_serial: 1,
-    slots: Vec::new(),
-    free: Vec::new(),
-    reservations: BTreeMap::new(),
-    mappings: BTreeMap::new(),
-});
+pub static VMM: VmmLock = VmmLock {
+    releasing: AtomicUsize::new(0),
+    vmm: Mutex::new(Vmm {
+        live: false,
+        next_serial: 1,
+        slots: Vec::new(),
+        free: Vec::new(),
+        reservations: BTreeMap::new(),
+        mappings: state::HashMap::with_hasher(std::hash::BuildHasherDefault::new()),
+    }),
+};
+
+/// Takes the records of the mappings inside `[base, base+size)` out of `m`: at most
+/// min(records, granules) look-ups (a mapping starts on a granule: its size is a multiple of
+/// `gran`, and hetmem aligns a mapping's start to the page size for its size, `gran`), none
+/// where `m` is empty.
+fn take_records(
+    m: &mut state::HashMap<usize, (usize, Arc<Ctx>)>,
+    base: usize,
+    size: usize,
+    gran: usize,
+) -> Vec<(usize, (usize, Arc<Ctx>))> {
+    if m.is_empty() {
+        return Vec::new();
+    }
+    let granules = size / gran.max(1);
+    if m.len() <= granules {
+        let keys: Vec<usize> = m
+            .keys()
+            .copied()
+            .filter(|&k| (base..base + size).contains(&k))
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| m.remove_entry(&k))
+            .collect()
+    } else {
+        (0..granules)
+            .filter_map(|i| m.remove_entry(&(base + i * gran)))
+            .collect()
+    }
+}
 
 /// What a context's end (or `aclFinalize`) takes out of [`VMM`], torn down outside the lock.
 #[derive(Debug, Default)]
@@ -198,13 +250,11 @@ impl Vmm {
             .collect();
         for b in res {
             let r = self.reservations.remove(&b).expect("listed");
-            let maps: Vec<usize> = self
-                .mappings
-                .range(b..b + r.r.size)
-                .map(|(&k, _)| k)
-                .collect();
-            out.mappings
-                .extend(maps.iter().filter_map(|m| self.mappings.remove(m)));
+            out.mappings.extend(
+                take_records(&mut self.mappings, b, r.r.size, r.ctx.gran)
+                    .into_iter()
+                    .map(|(_, m)| m),
+            );
             out.reservations.push(r);
         }
     }
@@ -453,26 +503,23 @@ pub extern "C" fn aclrtReleaseMemAddress(vir_ptr: *mut libc::c_void) -> AclError
             };
             // Empty, and allocating nothing, where everything was unmapped first (the
             // sleep-mode allocator's way).
-            let keys: Vec<usize> = reg
-                .mappings
-                .range(p..p + r.r.size)
-                .map(|(&k, _)| k)
-                .collect();
-            let maps: Vec<_> = keys
-                .into_iter()
-                .filter_map(|k| reg.mappings.remove_entry(&k))
-                .collect();
+            let maps = take_records(&mut reg.mappings, p, r.r.size, r.ctx.gran);
+            // Counted under the lock (see `VmmLock`), given back once the free has returned.
+            VMM.releasing.fetch_add(1, Ordering::Relaxed);
             (r, maps)
         };
-        if let Err(e) = r.ctx.ctx.free(r.r.base, r.r.size) {
+        let freed = r.ctx.ctx.free(r.r.base, r.r.size);
+        if let Err(e) = freed {
             let mut reg = VMM.lock();
             // Put back unless its context ended meanwhile (which took its records).
             if reg.accepts(&r.ctx).is_ok() {
                 reg.reservations.insert(p, r);
                 reg.mappings.extend(maps);
             }
+            VMM.releasing.fetch_sub(1, Ordering::Release);
             return Err(e.into());
         }
+        VMM.releasing.fetch_sub(1, Ordering::Release);
         Ok(())
     })
 }
@@ -632,17 +679,33 @@ pub(crate) fn map_mem(
         let va = vir_ptr as usize;
         let h = handle as usize;
         let Vmm {
-            slots, mappings, ..
+            slots,
+            mappings,
+            reservations,
+            ..
         } = reg;
         let p = find(slots, h).ok_or_else(|| state::bad_handle("physical memory handle", h))?;
         hetmem::acl::check_vmm_size(size, p.ctx.gran)?;
-        let before = mappings.insert(va, (size, p.ctx.clone()));
+        // A release in flight (see `VmmLock`): no record for a range outside every filed
+        // reservation (hetmem answers the map as it finds it).
+        let file = VMM.releasing.load(Ordering::Acquire) == 0
+            || reservations
+                .range(..=va)
+                .next_back()
+                .is_some_and(|(b, r)| va.saturating_add(size) <= b + r.r.size);
+        let before = if file {
+            mappings.insert(va, (size, p.ctx.clone()))
+        } else {
+            None
+        };
         if let Err(e) = p.ctx.ctx.map(va, size, p.mem, offset, access) {
             // Refused: the registry as it was.
-            match before {
-                Some(b) => mappings.insert(va, b),
-                None => mappings.remove(&va),
-            };
+            if file {
+                match before {
+                    Some(b) => mappings.insert(va, b),
+                    None => mappings.remove(&va),
+                };
+            }
             return Err(e.into());
         }
         Ok(())

@@ -256,7 +256,8 @@ fn c_shareable_handle_export_never_writes_through_a_planted_symlink() {
 /// every VMM call answers 100001 before `aclInit` and after `aclFinalize` (before its argument
 /// checks); a handle of an earlier instance, a freed handle whose slot a new one took, and a
 /// handle with any one bit flipped are 107000 everywhere; a release with a mapping in it
-/// succeeds and takes the mapping's record along.
+/// succeeds and takes its own mappings' records along, and only those (with more records than
+/// granules and fewer).
 #[test]
 fn c_vmm_handles_unknown_across_life_cycle_and_reuse() {
     let out = common::run_ok("vmm_handles");

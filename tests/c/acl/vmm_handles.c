@@ -96,6 +96,37 @@ int main(void) {
     OK(aclrtReserveMemAddress(&va, gran, 0, NULL, 0));
     OK(aclrtMapMem(va, gran, 0, h2, 0));
 
+    /* A release takes exactly its own records, whether there are more records than granules
+     * (each granule looked up) or fewer (the records scanned): three one-granule reservations
+     * mapped, and one of four granules with two mappings. */
+    void *small[3];
+    aclrtDrvMemHandle sp[3];
+    for (int i = 0; i < 3; i++) {
+        OK(aclrtReserveMemAddress(&small[i], gran, 0, NULL, 0));
+        OK(aclrtMallocPhysical(&sp[i], gran, &p, 0));
+        OK(aclrtMapMem(small[i], gran, 0, sp[i], 0));
+    }
+    void *big = NULL;
+    OK(aclrtReserveMemAddress(&big, 4 * gran, 0, NULL, 0));
+    OK(aclrtMapMem((char *)big + gran, gran, 0, sp[0], 0));
+    OK(aclrtMapMem((char *)big + 3 * gran, gran, 0, sp[1], 0));
+    /* 6 records (with va's), 1 granule: looked up by granule. */
+    OK(aclrtReleaseMemAddress(small[1]));
+    EXPECT_CODE(aclrtUnmapMem(small[1]), ACL_ERROR_RT_PARAM_INVALID);
+    /* 5 records, 4 granules: scanned. Only big's two go. */
+    OK(aclrtUnmapMem(va));
+    OK(aclrtReleaseMemAddress(big));
+    EXPECT_CODE(aclrtUnmapMem((char *)big + gran), ACL_ERROR_RT_PARAM_INVALID);
+    EXPECT_CODE(aclrtUnmapMem((char *)big + 3 * gran), ACL_ERROR_RT_PARAM_INVALID);
+    OK(aclrtUnmapMem(small[0]));
+    OK(aclrtUnmapMem(small[2]));
+    for (int i = 0; i < 3; i++) {
+        if (i != 1)
+            OK(aclrtReleaseMemAddress(small[i]));
+        OK(aclrtFreePhysical(sp[i]));
+    }
+    OK(aclrtMapMem(va, gran, 0, h2, 0));
+
     /* After aclFinalize: the life-cycle code, for live-looking handles too. */
     OK(aclFinalize());
     uninitialised(va, h2, gran);
